@@ -1,0 +1,69 @@
+"""The ingest wire format, shared by `trainer_hooks.client` and `monitor.api`.
+
+Batches are columnar: one JSON array per field, all of the same length, never one object per row.
+
+Metrics batch (POST /api/v1/runs/{run_id}/metrics)::
+
+    {"batch_id": "9f0c...", "steps": [10, 11],
+     "metrics": {"reward/mean": [0.41, 0.43], "grad/norm": [1.2, "Infinity"]}}
+
+A `null` in a metric column means "not logged at this step" (no row is stored); NaN and +-inf are
+data (collapse signals) and may be sent as JSON tokens (`NaN`, `Infinity`, `-Infinity`) or as the
+strings in NONFINITE_STRINGS. Responses always use the strings, so every response is strict JSON.
+
+Action batch (POST /api/v1/runs/{run_id}/actions): `batch_id` plus the columns in ACTION_COLUMNS.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Final
+
+API_PREFIX: Final = "/api/v1"
+
+BATCH_ID_MAX_LENGTH: Final = 64
+
+NAN: Final = "NaN"
+POS_INF: Final = "Infinity"
+NEG_INF: Final = "-Infinity"
+NONFINITE_STRINGS: Final = {NAN: math.nan, POS_INF: math.inf, NEG_INF: -math.inf}
+
+ACTION_SOURCES: Final = ("loss", "probe")
+"""`loss`: deltas seen inside the loss computation; `probe`: exact post-update re-scoring."""
+
+ACTION_COLUMNS: Final = (
+    "step",
+    "traj_index",
+    "action_index",
+    "n_tokens",
+    "delta",
+    "old_logp_mean",
+    "advantage",
+    "reward",
+    "is_answer",
+    "source",
+)
+
+RUN_STATUSES: Final = ("running", "finished", "failed", "crashed")
+DIRECTIVE_POLICIES: Final = ("off", "alert", "auto")
+
+
+def encode_float(value: float) -> float | str:
+    """Map a float to its strict-JSON wire form (non-finite values become strings)."""
+    if math.isfinite(value):
+        return value
+    if math.isnan(value):
+        return NAN
+    return POS_INF if value > 0 else NEG_INF
+
+
+def decode_float(value: float | int | str) -> float:
+    """Inverse of `encode_float`; raises ValueError for any other string."""
+    if isinstance(value, str):
+        try:
+            return NONFINITE_STRINGS[value]
+        except KeyError:
+            raise ValueError(
+                f"expected a number or one of {sorted(NONFINITE_STRINGS)}, got {value!r}"
+            ) from None
+    return float(value)

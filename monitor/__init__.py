@@ -1,0 +1,1 @@
+"""lldmon's ingest and query service (FastAPI on SQLAlchemy). Never imports torch."""

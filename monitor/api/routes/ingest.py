@@ -1,0 +1,85 @@
+"""Columnar ingest of step metrics and action records. Acknowledged only after commit."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from starlette.concurrency import run_in_threadpool
+
+from monitor.api.body import read_limited_body
+from monitor.api.schemas import ErrorOut, IngestAckOut
+from monitor.api.state import AppState, get_principal, get_state
+from monitor.api.wire import decode_actions, decode_metrics
+from monitor.domain import IngestAck, Principal
+from monitor.errors import InvalidInput, PayloadTooLarge
+
+router = APIRouter(prefix="/runs/{run_id}", tags=["ingest"])
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorOut} for code in (401, 403, 404, 413, 422, 503)
+}
+
+
+def _body_doc(schema_name: str) -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema_name}"}}},
+        }
+    }
+
+
+@router.post(
+    "/metrics",
+    response_model=IngestAckOut,
+    responses=_ERRORS,
+    openapi_extra=_body_doc("MetricsBatchWire"),
+)
+async def ingest_metrics(
+    run_id: int,
+    request: Request,
+    state: AppState = Depends(get_state),
+    principal: Principal = Depends(get_principal),
+) -> IngestAckOut:
+    """Store a batch of step metrics; a re-sent `batch_id` is acknowledged without writing again."""
+
+    def work(body: bytes) -> IngestAck:
+        batch_id, batch = decode_metrics(body)
+        return state.ingest.ingest_metrics(principal, run_id, batch_id, batch)
+
+    return await _ingest(request, state, "metrics", work)
+
+
+@router.post(
+    "/actions",
+    response_model=IngestAckOut,
+    responses=_ERRORS,
+    openapi_extra=_body_doc("ActionsBatchWire"),
+)
+async def ingest_actions(
+    run_id: int,
+    request: Request,
+    state: AppState = Depends(get_state),
+    principal: Principal = Depends(get_principal),
+) -> IngestAckOut:
+    """Store a batch of per-action records (likelihood deltas per model action)."""
+
+    def work(body: bytes) -> IngestAck:
+        batch_id, batch = decode_actions(body)
+        return state.ingest.ingest_actions(principal, run_id, batch_id, batch)
+
+    return await _ingest(request, state, "actions", work)
+
+
+async def _ingest(
+    request: Request, state: AppState, kind: str, work: Callable[[bytes], IngestAck]
+) -> IngestAckOut:
+    try:
+        body = await read_limited_body(request, state.settings.max_body_bytes)
+        ack = await run_in_threadpool(work, body)
+    except (InvalidInput, PayloadTooLarge):
+        state.telemetry.record_rejected(kind)
+        raise
+    return IngestAckOut.of(ack)

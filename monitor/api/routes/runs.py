@@ -1,0 +1,68 @@
+"""Runs: register (get-or-create by project and name), get, list, finish, set directive policy."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Query, Response
+
+from monitor.api.schemas import PolicyIn, RunCreate, RunFinish, RunOut
+from monitor.api.state import AppState, get_principal, get_state
+from monitor.domain import Principal, RunFilter
+
+router = APIRouter(prefix="/runs", tags=["runs"])
+
+
+@router.post("", response_model=RunOut, status_code=201, responses={200: {"model": RunOut}})
+def register_run(
+    body: RunCreate,
+    response: Response,
+    state: AppState = Depends(get_state),
+    principal: Principal = Depends(get_principal),
+) -> RunOut:
+    """Create a run, or return the existing run of that name in the project (status 200)."""
+    run, created = state.runs.register(principal, body.name, body.project, body.config, body.tags)
+    if not created:
+        response.status_code = 200
+    return RunOut.of(run)
+
+
+@router.get("", response_model=list[RunOut])
+def list_runs(
+    project: str | None = None,
+    status: str | None = None,
+    tag: str | None = None,
+    limit: int = Query(100, ge=1, le=1000),
+    offset: int = Query(0, ge=0),
+    state: AppState = Depends(get_state),
+    principal: Principal = Depends(get_principal),
+) -> list[RunOut]:
+    flt = RunFilter(project=project, status=status, tag=tag, limit=limit, offset=offset)
+    return [RunOut.of(r) for r in state.runs.list(principal, flt)]
+
+
+@router.get("/{run_id}", response_model=RunOut)
+def get_run(
+    run_id: int, state: AppState = Depends(get_state), principal: Principal = Depends(get_principal)
+) -> RunOut:
+    return RunOut.of(state.runs.get(principal, run_id))
+
+
+@router.post("/{run_id}/finish", response_model=RunOut)
+def finish_run(
+    run_id: int,
+    body: RunFinish | None = None,
+    state: AppState = Depends(get_state),
+    principal: Principal = Depends(get_principal),
+) -> RunOut:
+    status = body.status if body is not None else "finished"
+    return RunOut.of(state.runs.finish(principal, run_id, status))
+
+
+@router.put("/{run_id}/policy", response_model=RunOut)
+def set_policy(
+    run_id: int,
+    body: PolicyIn,
+    state: AppState = Depends(get_state),
+    principal: Principal = Depends(get_principal),
+) -> RunOut:
+    """Directive policy: `off`, `alert` (default: alerts only) or `auto` (detector may switch LLDS on)."""
+    return RunOut.of(state.runs.set_policy(principal, run_id, body.policy))

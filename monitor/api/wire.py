@@ -1,0 +1,181 @@
+"""Decode and validate columnar ingest batches (format: `contracts.wire`) with msgspec.
+
+msgspec decodes and type-checks the whole body in C and names the failing path; what it cannot
+check (equal column lengths, non-finite strings, metric names inside `metrics`) is checked here.
+Every error is an `InvalidInput` naming the field, raised before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from contracts.metrics import MAX_METRIC_NAME_LENGTH
+from contracts.wire import BATCH_ID_MAX_LENGTH, NONFINITE_STRINGS
+from monitor.domain import ActionColumns, MetricsColumns
+from monitor.errors import InvalidInput
+
+BatchId = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=BATCH_ID_MAX_LENGTH, pattern=r"^[A-Za-z0-9._:-]+$")
+]
+Step = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+Index = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
+Value = float | str | None
+
+
+class MetricsBatchWire(msgspec.Struct, forbid_unknown_fields=True):
+    """Step metrics: `metrics[name][i]` is the value of `name` at `steps[i]`; null = not logged."""
+
+    batch_id: BatchId
+    steps: list[Step]
+    metrics: dict[str, list[Value]]
+
+
+class ActionsBatchWire(msgspec.Struct, forbid_unknown_fields=True):
+    """Per-action records, one array per column, all of the same length."""
+
+    batch_id: BatchId
+    step: list[Step]
+    traj_index: list[Index]
+    action_index: list[Index]
+    n_tokens: list[Index]
+    delta: list[Value]
+    old_logp_mean: list[Value]
+    advantage: list[Value]
+    reward: list[Value]
+    is_answer: list[bool]
+    source: list[Literal["loss", "probe"]]
+
+
+_METRICS_DECODER = msgspec.json.Decoder(MetricsBatchWire)
+_ACTIONS_DECODER = msgspec.json.Decoder(ActionsBatchWire)
+
+
+def decode_metrics(body: bytes) -> tuple[str, MetricsColumns]:
+    wire = _decode(body, _METRICS_DECODER, MetricsBatchWire)
+    n = len(wire.steps)
+    steps: list[int] = []
+    names: list[str] = []
+    values: list[float | None] = []
+    for name, column in wire.metrics.items():
+        field = f"metrics.{name}"
+        if not name or len(name) > MAX_METRIC_NAME_LENGTH:
+            raise InvalidInput(
+                f"metric names must have 1 to {MAX_METRIC_NAME_LENGTH} characters", field=field
+            )
+        if "\x00" in name:
+            raise InvalidInput("metric names must not contain NUL characters", field=field)
+        if len(column) != n:
+            raise InvalidInput(f"has {len(column)} values but steps has {n}", field=field)
+        for step, raw in zip(wire.steps, column, strict=True):
+            if raw is None:
+                continue
+            steps.append(step)
+            names.append(name)
+            values.append(_to_storage(raw, field))
+    batch = MetricsColumns(steps=steps, names=names, values=values)
+    if len(set(wire.steps)) != n:
+        batch = _dedupe_metrics(batch)
+    return wire.batch_id, batch
+
+
+def decode_actions(body: bytes) -> tuple[str, ActionColumns]:
+    wire = _decode(body, _ACTIONS_DECODER, ActionsBatchWire)
+    n = len(wire.step)
+    for column in ActionColumns.__dataclass_fields__:
+        length = len(getattr(wire, column))
+        if length != n:
+            raise InvalidInput(f"has {length} values but step has {n}", field=column)
+    floats = {
+        name: [
+            _to_storage(v, f"{name}[{i}]") if v is not None else None
+            for i, v in enumerate(getattr(wire, name))
+        ]
+        for name in ("delta", "old_logp_mean", "advantage", "reward")
+    }
+    batch = ActionColumns(
+        step=wire.step,
+        traj_index=wire.traj_index,
+        action_index=wire.action_index,
+        n_tokens=wire.n_tokens,
+        delta=floats["delta"],
+        old_logp_mean=floats["old_logp_mean"],
+        advantage=floats["advantage"],
+        reward=floats["reward"],
+        is_answer=wire.is_answer,
+        source=list(wire.source),
+    )
+    return wire.batch_id, _dedupe_actions(batch)
+
+
+def request_schemas() -> dict[str, Any]:
+    """JSON schemas of the two batch bodies, for the OpenAPI document."""
+    (metrics, actions), components = msgspec.json.schema_components(
+        [MetricsBatchWire, ActionsBatchWire], ref_template="#/components/schemas/{name}"
+    )
+    return {"metrics": metrics, "actions": actions, "components": components}
+
+
+def _decode(body: bytes, decoder: msgspec.json.Decoder[Any], kind: type[Any]) -> Any:
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise InvalidInput(str(exc), field=_path_of(exc)) from None
+    except msgspec.DecodeError as exc:
+        # Python's json accepts the NaN / Infinity / -Infinity tokens that strict JSON parsers reject.
+        try:
+            obj = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            raise InvalidInput(f"body is not valid JSON: {exc}", field="body") from None
+        try:
+            return msgspec.convert(obj, kind)
+        except msgspec.ValidationError as exc2:
+            raise InvalidInput(str(exc2), field=_path_of(exc2)) from None
+
+
+def _path_of(exc: msgspec.ValidationError) -> str:
+    message = str(exc)
+    marker = " - at `$."
+    if marker in message:
+        return message.split(marker, 1)[1].rstrip("`")
+    if "field `" in message:
+        return message.split("field `", 1)[1].split("`", 1)[0]
+    return "body"
+
+
+def _to_storage(raw: float | str, field: str) -> float | None:
+    """Finite and infinite floats as they are; NaN as None (the storage encoding of NaN)."""
+    if isinstance(raw, str):
+        try:
+            value = NONFINITE_STRINGS[raw]
+        except KeyError:
+            raise InvalidInput(
+                f"expected a number, null or one of {sorted(NONFINITE_STRINGS)}, got {raw!r}", field=field
+            ) from None
+    else:
+        value = raw
+    return None if math.isnan(value) else value
+
+
+def _dedupe_metrics(batch: MetricsColumns) -> MetricsColumns:
+    """A step listed twice in one batch: the later value wins, as for a resumed run."""
+    latest: dict[tuple[str, int], float | None] = {}
+    for name, step, value in zip(batch.names, batch.steps, batch.values, strict=True):
+        latest[(name, step)] = value
+    return MetricsColumns(
+        steps=[s for _, s in latest], names=[n for n, _ in latest], values=list(latest.values())
+    )
+
+
+def _dedupe_actions(batch: ActionColumns) -> ActionColumns:
+    keys = list(zip(batch.step, batch.source, batch.traj_index, batch.action_index, strict=True))
+    if len(set(keys)) == len(keys):
+        return batch
+    last = {key: i for i, key in enumerate(keys)}
+    keep = sorted(last.values())
+    return ActionColumns(
+        **{name: [getattr(batch, name)[i] for i in keep] for name in ActionColumns.__dataclass_fields__}
+    )

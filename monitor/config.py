@@ -1,0 +1,42 @@
+"""Service settings, built once at start-up (CLI or app factory) and passed down; never read at import."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATA_DIR = Path.home() / ".lldmon"
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+class Settings(BaseSettings):
+    """Every knob of the service. Environment variables use the `LLDMON_` prefix."""
+
+    model_config = SettingsConfigDict(env_prefix="LLDMON_", extra="ignore")
+
+    data_dir: Path = Field(default=DEFAULT_DATA_DIR, description="Where the embedded SQLite file lives.")
+    database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL; default: sqlite:///<data_dir>/lldmon.db. "
+        "PostgreSQL: postgresql+psycopg://user@host:5432/db",
+    )
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
+    auto_upgrade: bool = Field(
+        default=True, description="Upgrade an empty or outdated SQLite schema on start-up."
+    )
+    db_pool_size: int = Field(default=8, gt=0)
+    log_level: str = "info"
+
+    def resolved_database_url(self) -> str:
+        """The URL actually used: the explicit one, or the embedded SQLite file in `data_dir`."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'lldmon.db').expanduser().resolve()}"
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.resolved_database_url().startswith("sqlite")

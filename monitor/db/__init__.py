@@ -1,0 +1,1 @@
+"""Database schema (SQLAlchemy models), engines and migrations glue."""

@@ -1,0 +1,207 @@
+"""The schema. Migrations in `migrations/` are its source of truth; a test checks they agree.
+
+Metric values: SQLite cannot store NaN (it binds NaN as NULL), so on every dialect a NULL `value`
+means NaN, +-inf are stored natively, and a step at which a metric was not logged has no row at all.
+That keeps NaN, inf and "missing" distinguishable everywhere.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+from monitor.db.base import Base
+
+# SQLite only auto-increments INTEGER PRIMARY KEY columns, so big ids are plain INTEGER there.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def _now() -> Any:
+    return func.now()
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every dialect (SQLite returns naive values otherwise)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is not None:
+            value = value.astimezone(timezone.utc)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+class Project(Base):
+    __tablename__ = "projects"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), server_default=_now())
+
+
+class ApiToken(Base):
+    """A bearer token scoped to one project. Only its SHA-256 is stored."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(128), default="")
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), server_default=_now())
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    __table_args__ = (
+        UniqueConstraint("project_id", "name", name="uq_runs_project_id_name"),
+        CheckConstraint("status IN ('running', 'finished', 'failed', 'crashed')", name="status"),
+        CheckConstraint("directive_policy IN ('off', 'alert', 'auto')", name="directive_policy"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(256))
+    config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    status: Mapped[str] = mapped_column(String(16), default="running", index=True)
+    directive_policy: Mapped[str] = mapped_column(String(8), default="alert")
+    phase: Mapped[str | None] = mapped_column(String(32))
+    last_step: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), server_default=_now())
+    last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), server_default=_now())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class RunTag(Base):
+    __tablename__ = "run_tags"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    tag: Mapped[str] = mapped_column(String(128), primary_key=True, index=True)
+
+
+class StepMetric(Base):
+    """Long format: one row per (run, metric name, step). NULL value = NaN (see module docstring)."""
+
+    __tablename__ = "step_metrics"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(256), primary_key=True)
+    step: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    value: Mapped[float | None] = mapped_column(Double)
+
+
+class ActionRecord(Base):
+    """One model action (maximal run of loss-mask tokens) of one trajectory at one step."""
+
+    __tablename__ = "action_records"
+    __table_args__ = (CheckConstraint("source IN ('loss', 'probe')", name="source"),)
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    source: Mapped[str] = mapped_column(String(8), primary_key=True)
+    traj_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    action_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    n_tokens: Mapped[int] = mapped_column(Integer)
+    delta: Mapped[float | None] = mapped_column(Double)
+    old_logp_mean: Mapped[float | None] = mapped_column(Double)
+    advantage: Mapped[float | None] = mapped_column(Double)
+    reward: Mapped[float | None] = mapped_column(Double)
+    is_answer: Mapped[bool] = mapped_column(Boolean)
+
+
+class PhaseEvent(Base):
+    """A change of the run's LLD phase, with the evidence that justified it."""
+
+    __tablename__ = "phase_events"
+    __table_args__ = (Index("ix_phase_events_run_id_step", "run_id", "step"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(BigInteger)
+    phase: Mapped[str] = mapped_column(String(32))
+    previous_phase: Mapped[str | None] = mapped_column(String(32))
+    evidence: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), server_default=_now())
+
+
+class Alert(Base):
+    __tablename__ = "alerts"
+    __table_args__ = (
+        Index("ix_alerts_run_id_kind", "run_id", "kind"),
+        CheckConstraint("severity IN ('info', 'warning', 'critical')", name="severity"),
+        CheckConstraint("status IN ('open', 'acknowledged', 'resolved')", name="status"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(64))
+    severity: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16), default="open")
+    message: Mapped[str] = mapped_column(Text, default="")
+    evidence: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    first_step: Mapped[int] = mapped_column(BigInteger)
+    last_step: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), server_default=_now())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), server_default=_now())
+    last_notified_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    acknowledged_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class Directive(Base):
+    """What the service tells the trainer to do. Append-only: the highest version is current."""
+
+    __tablename__ = "directives"
+    __table_args__ = (UniqueConstraint("run_id", "version", name="uq_directives_run_id_version"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    version: Mapped[int] = mapped_column(Integer)
+    llds_enabled: Mapped[bool] = mapped_column(Boolean)
+    llds_lambda: Mapped[float] = mapped_column(Double)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    source: Mapped[str] = mapped_column(String(16))
+    step: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), server_default=_now())
+
+
+class IngestBatch(Base):
+    """Ledger of committed batches: a re-sent batch id is acknowledged without writing again."""
+
+    __tablename__ = "ingest_batches"
+    __table_args__ = (CheckConstraint("kind IN ('metrics', 'actions')", name="kind"),)
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    batch_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(8))
+    n_rows: Mapped[int] = mapped_column(Integer)
+    received_at: Mapped[datetime] = mapped_column(UTCDateTime(), server_default=_now())

@@ -1,0 +1,155 @@
+"""Plain domain objects the store returns and the services pass around (no ORM instances leak out)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+DEFAULT_LLDS_LAMBDA = 0.2
+"""lld-reference.md section 4: lambda = 0.2 (0.3 for Qwen2.5-7B-Instruct)."""
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    id: int
+    project: str
+    project_id: int
+    name: str
+    config: dict[str, Any]
+    tags: list[str]
+    status: str
+    directive_policy: str
+    phase: str | None
+    last_step: int | None
+    created_at: datetime
+    last_seen_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class DirectiveInfo:
+    """What the trainer should do now. Version 0 is the implicit default (LLDS off)."""
+
+    version: int = 0
+    llds_enabled: bool = False
+    llds_lambda: float = DEFAULT_LLDS_LAMBDA
+    reason: str = "default"
+    source: str = "default"
+    step: int | None = None
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class MetricsColumns:
+    """A decoded, validated metrics batch in long form (NaN already mapped to None for storage)."""
+
+    steps: list[int]
+    names: list[str]
+    values: list[float | None]
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+
+@dataclass(frozen=True)
+class ActionColumns:
+    """A decoded, validated action batch, one list per column, deduplicated by key."""
+
+    step: list[int]
+    traj_index: list[int]
+    action_index: list[int]
+    n_tokens: list[int]
+    delta: list[float | None]
+    old_logp_mean: list[float | None]
+    advantage: list[float | None]
+    reward: list[float | None]
+    is_answer: list[bool]
+    source: list[str]
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+
+@dataclass(frozen=True)
+class IngestAck:
+    batch_id: str
+    rows: int
+    duplicate: bool
+    directive: DirectiveInfo
+    last_step: int | None
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    steps: list[int]
+    values: list[float]
+
+
+@dataclass(frozen=True)
+class MetricSummary:
+    name: str
+    points: int
+    first_step: int
+    last_step: int
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    id: int
+    project: str
+    name: str
+    prefix: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling. `project_id is None` means auth is off (no tokens exist): full access."""
+
+    project_id: int | None = None
+    project: str | None = None
+
+    @property
+    def unrestricted(self) -> bool:
+        return self.project_id is None
+
+
+@dataclass(frozen=True)
+class PhaseEventInfo:
+    id: int
+    run_id: int
+    step: int
+    phase: str
+    previous_phase: str | None
+    evidence: dict[str, Any]
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class AlertInfo:
+    id: int
+    run_id: int
+    kind: str
+    severity: str
+    status: str
+    message: str
+    evidence: dict[str, Any]
+    first_step: int
+    last_step: int
+    created_at: datetime
+    updated_at: datetime
+    acknowledged_at: datetime | None = None
+    resolved_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    project: str | None = None
+    status: str | None = None
+    tag: str | None = None
+    limit: int = 100
+    offset: int = 0
+    project_ids: list[int] | None = field(default=None)

@@ -1,0 +1,1 @@
+"""Use cases between the HTTP layer and the store: auth, runs, ingest, query."""

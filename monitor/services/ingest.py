@@ -1,0 +1,62 @@
+"""Ingest: one transaction per batch (ledger entry + rows + run activity), acknowledged after commit."""
+
+from __future__ import annotations
+
+from monitor.domain import ActionColumns, DirectiveInfo, IngestAck, MetricsColumns, Principal
+from monitor.services.runs import RunService
+from monitor.store import Database
+from monitor.store import events as event_store
+from monitor.store import ingest as ingest_store
+from monitor.store import runs as run_store
+from monitor.telemetry import ServiceMetrics
+
+
+class IngestService:
+    def __init__(self, db: Database, runs: RunService, telemetry: ServiceMetrics) -> None:
+        self.db = db
+        self.runs = runs
+        self.telemetry = telemetry
+
+    def ingest_metrics(
+        self, principal: Principal, run_id: int, batch_id: str, batch: MetricsColumns
+    ) -> IngestAck:
+        self.runs.get(principal, run_id)
+        last_step = max(batch.steps) if batch.steps else None
+        with self.telemetry.time_ingest("metrics"), self.db.write() as conn:
+            previous = ingest_store.claim_batch(conn, run_id, batch_id, "metrics", len(batch))
+            if previous is None:
+                ingest_store.write_metrics(conn, run_id, batch)
+                run_store.touch_run(conn, run_id, last_step)
+            directive = event_store.current_directive(conn, run_id)
+        return self._ack("metrics", batch_id, len(batch), previous, directive, last_step)
+
+    def ingest_actions(
+        self, principal: Principal, run_id: int, batch_id: str, batch: ActionColumns
+    ) -> IngestAck:
+        self.runs.get(principal, run_id)
+        with self.telemetry.time_ingest("actions"), self.db.write() as conn:
+            previous = ingest_store.claim_batch(conn, run_id, batch_id, "actions", len(batch))
+            if previous is None:
+                ingest_store.write_actions(conn, run_id, batch)
+                run_store.touch_run(conn, run_id, None)
+            directive = event_store.current_directive(conn, run_id)
+        return self._ack("actions", batch_id, len(batch), previous, directive, None)
+
+    def _ack(
+        self,
+        kind: str,
+        batch_id: str,
+        rows: int,
+        previous: int | None,
+        directive: DirectiveInfo,
+        last_step: int | None,
+    ) -> IngestAck:
+        duplicate = previous is not None
+        self.telemetry.record_batch(kind, rows=0 if duplicate else rows, duplicate=duplicate)
+        return IngestAck(
+            batch_id=batch_id,
+            rows=previous if previous is not None else rows,
+            duplicate=duplicate,
+            directive=directive,
+            last_step=last_step,
+        )

@@ -1,0 +1,69 @@
+"""Run registration, listing and lifecycle, scoped by the caller's project."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from contracts.wire import DIRECTIVE_POLICIES, RUN_STATUSES
+from monitor.domain import Principal, RunFilter, RunInfo
+from monitor.errors import Forbidden, InvalidInput, NotFound
+from monitor.services.auth import check_access
+from monitor.store import Database
+from monitor.store import runs as run_store
+
+DEFAULT_PROJECT = "default"
+
+
+class RunService:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def register(
+        self,
+        principal: Principal,
+        name: str,
+        project: str | None,
+        config: dict[str, Any],
+        tags: list[str],
+    ) -> tuple[RunInfo, bool]:
+        """Create the run or return the existing one of that name in the project."""
+        if not principal.unrestricted:
+            if project is not None and project != principal.project:
+                raise Forbidden(f"this token belongs to project {principal.project!r}, not {project!r}")
+            project = principal.project
+        with self.db.write() as conn:
+            project_id = run_store.get_or_create_project(conn, project or DEFAULT_PROJECT)
+            return run_store.create_run(conn, project_id, name, config, tags)
+
+    def get(self, principal: Principal, run_id: int) -> RunInfo:
+        with self.db.read() as conn:
+            run = run_store.get_run(conn, run_id)
+        if run is None:
+            raise NotFound(f"run {run_id} does not exist")
+        check_access(principal, run)
+        return run
+
+    def list(self, principal: Principal, flt: RunFilter) -> list[RunInfo]:
+        if flt.status is not None and flt.status not in RUN_STATUSES:
+            raise InvalidInput(f"status must be one of {list(RUN_STATUSES)}", field="status")
+        if not principal.unrestricted:
+            flt = replace(flt, project_ids=[principal.project_id])  # type: ignore[list-item]
+        with self.db.read() as conn:
+            return run_store.list_runs(conn, flt)
+
+    def finish(self, principal: Principal, run_id: int, status: str) -> RunInfo:
+        if status not in RUN_STATUSES or status == "running":
+            raise InvalidInput(f"status must be one of {list(RUN_STATUSES[1:])}", field="status")
+        self.get(principal, run_id)
+        with self.db.write() as conn:
+            run_store.finish_run(conn, run_id, status)
+        return self.get(principal, run_id)
+
+    def set_policy(self, principal: Principal, run_id: int, policy: str) -> RunInfo:
+        if policy not in DIRECTIVE_POLICIES:
+            raise InvalidInput(f"policy must be one of {list(DIRECTIVE_POLICIES)}", field="policy")
+        self.get(principal, run_id)
+        with self.db.write() as conn:
+            run_store.set_directive_policy(conn, run_id, policy)
+        return self.get(principal, run_id)

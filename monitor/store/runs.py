@@ -1,0 +1,138 @@
+"""Projects and runs."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from sqlalchemy import Connection, Row, func, select, update
+
+from monitor.db.models import Project, Run, RunTag
+from monitor.domain import RunFilter, RunInfo
+from monitor.store._sql import insert_ignore, table_of
+
+projects = table_of(Project)
+runs = table_of(Run)
+run_tags = table_of(RunTag)
+
+_RUN_COLUMNS = (*runs.c, projects.c.name.label("project_name"))
+
+
+def get_or_create_project(conn: Connection, name: str) -> int:
+    insert_ignore(conn, projects, {"name": name})
+    project_id = conn.execute(select(projects.c.id).where(projects.c.name == name)).scalar_one()
+    return int(project_id)
+
+
+def find_project(conn: Connection, name: str) -> int | None:
+    value = conn.execute(select(projects.c.id).where(projects.c.name == name)).scalar_one_or_none()
+    return None if value is None else int(value)
+
+
+def create_run(
+    conn: Connection, project_id: int, name: str, config: dict[str, Any], tags: list[str]
+) -> tuple[RunInfo, bool]:
+    """Create the run, or return the existing one of that name (re-registration after a restart).
+
+    An existing run is marked running again and gains any new tags; its config is kept.
+    """
+    created = insert_ignore(
+        conn, runs, {"project_id": project_id, "name": name, "config": config, "status": "running"}
+    )
+    run_id = conn.execute(
+        select(runs.c.id).where(runs.c.project_id == project_id, runs.c.name == name)
+    ).scalar_one()
+    if not created:
+        conn.execute(
+            update(runs)
+            .where(runs.c.id == run_id)
+            .values(status="running", finished_at=None, last_seen_at=func.now())
+        )
+    for tag in dict.fromkeys(tags):
+        insert_ignore(conn, run_tags, {"run_id": run_id, "tag": tag})
+    run = get_run(conn, int(run_id))
+    assert run is not None
+    return run, created
+
+
+def get_run(conn: Connection, run_id: int) -> RunInfo | None:
+    row = conn.execute(
+        select(*_RUN_COLUMNS).join(projects, projects.c.id == runs.c.project_id).where(runs.c.id == run_id)
+    ).one_or_none()
+    if row is None:
+        return None
+    return _to_run(row, _tags_of(conn, [run_id]).get(run_id, []))
+
+
+def list_runs(conn: Connection, flt: RunFilter) -> list[RunInfo]:
+    query = select(*_RUN_COLUMNS).join(projects, projects.c.id == runs.c.project_id)
+    if flt.project is not None:
+        query = query.where(projects.c.name == flt.project)
+    if flt.project_ids is not None:
+        query = query.where(runs.c.project_id.in_(flt.project_ids))
+    if flt.status is not None:
+        query = query.where(runs.c.status == flt.status)
+    if flt.tag is not None:
+        query = query.where(runs.c.id.in_(select(run_tags.c.run_id).where(run_tags.c.tag == flt.tag)))
+    query = query.order_by(runs.c.id.desc()).limit(flt.limit).offset(flt.offset)
+    rows = conn.execute(query).all()
+    tags = _tags_of(conn, [r.id for r in rows])
+    return [_to_run(r, tags.get(r.id, [])) for r in rows]
+
+
+def finish_run(conn: Connection, run_id: int, status: str) -> None:
+    conn.execute(update(runs).where(runs.c.id == run_id).values(status=status, finished_at=func.now()))
+
+
+def touch_run(conn: Connection, run_id: int, last_step: int | None) -> None:
+    """Record activity; `last_step` only ever grows."""
+    values: dict[str, Any] = {"last_seen_at": func.now()}
+    if last_step is not None:
+        # GREATEST ignores NULL on PostgreSQL; SQLite's two-argument max() does not.
+        values["last_step"] = (
+            func.max(func.coalesce(runs.c.last_step, last_step), last_step)
+            if conn.dialect.name == "sqlite"
+            else func.greatest(runs.c.last_step, last_step)
+        )
+    conn.execute(update(runs).where(runs.c.id == run_id).values(**values))
+
+
+def set_directive_policy(conn: Connection, run_id: int, policy: str) -> None:
+    conn.execute(update(runs).where(runs.c.id == run_id).values(directive_policy=policy))
+
+
+def count_by_status(conn: Connection) -> dict[str, int]:
+    rows = conn.execute(select(runs.c.status, func.count()).group_by(runs.c.status)).all()
+    return {str(status): int(n) for status, n in rows}
+
+
+def _tags_of(conn: Connection, run_ids: list[int]) -> dict[int, list[str]]:
+    if not run_ids:
+        return {}
+    out: dict[int, list[str]] = defaultdict(list)
+    rows = conn.execute(
+        select(run_tags.c.run_id, run_tags.c.tag)
+        .where(run_tags.c.run_id.in_(run_ids))
+        .order_by(run_tags.c.tag)
+    )
+    for run_id, tag in rows:
+        out[int(run_id)].append(str(tag))
+    return out
+
+
+def _to_run(row: Row[Any], tags: list[str]) -> RunInfo:
+    return RunInfo(
+        id=row.id,
+        project=row.project_name,
+        project_id=row.project_id,
+        name=row.name,
+        config=row.config or {},
+        tags=tags,
+        status=row.status,
+        directive_policy=row.directive_policy,
+        phase=row.phase,
+        last_step=row.last_step,
+        created_at=row.created_at,
+        last_seen_at=row.last_seen_at,
+        finished_at=row.finished_at,
+    )

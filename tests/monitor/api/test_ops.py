@@ -1,0 +1,51 @@
+"""healthz, readyz (database reachable) and Prometheus /metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fastapi.testclient import TestClient
+
+from monitor.db.engine import make_engine
+from monitor.store import Database
+from tests.monitor.api.helpers import metrics_batch, new_run
+
+
+def test_healthz_and_readyz(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json() == {"status": "ready", "database": "ok"}
+
+
+def test_readyz_is_503_when_the_database_is_unreachable(client: TestClient, app) -> None:  # type: ignore[no-untyped-def]
+    state = app.state.lldmon
+    unreachable = Database(make_engine("postgresql+psycopg://nobody@127.0.0.1:1/none"))
+    app.state.lldmon = dataclasses.replace(state, db=unreachable)
+    try:
+        response = client.get("/readyz")
+        assert response.status_code == 503
+        assert response.json()["database"] == "unreachable"
+    finally:
+        app.state.lldmon = state
+        unreachable.dispose()
+
+
+def test_prometheus_metrics(client: TestClient) -> None:
+    run_id = new_run(client)
+    client.post(f"/api/v1/runs/{run_id}/metrics", json=metrics_batch([0, 1], {"loss": [1.0, 2.0]}))
+    text = client.get("/metrics").text
+    assert 'lldmon_ingest_batches_total{kind="metrics",outcome="stored"} 1.0' in text
+    assert 'lldmon_ingest_rows_total{kind="metrics"} 2.0' in text
+    assert 'lldmon_ingest_latency_seconds_count{kind="metrics"} 1.0' in text
+    assert 'lldmon_runs{status="running"} 1.0' in text
+
+
+def test_openapi_documents_the_columnar_bodies(client: TestClient) -> None:
+    schema = client.get("/openapi.json").json()
+    body = schema["paths"]["/api/v1/runs/{run_id}/metrics"]["post"]["requestBody"]
+    assert body["content"]["application/json"]["schema"]["$ref"].endswith("MetricsBatchWire")
+    assert set(schema["components"]["schemas"]["ActionsBatchWire"]["required"]) >= {
+        "batch_id",
+        "step",
+        "delta",
+    }
+    assert client.get("/docs").status_code == 200

@@ -1,0 +1,71 @@
+"""Migrations are the schema's source of truth: they go up, down and up again, and match the models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect
+
+from monitor.api.app import SchemaOutdated, build_state
+from monitor.config import Settings
+from monitor.db.base import Base
+from monitor.db.engine import make_engine
+from monitor.db.migrate import current_revision, downgrade, head_revision, upgrade
+from tests.conftest import drop_postgres_database, new_database
+
+
+@pytest.fixture
+def empty_url(backend: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+    url = new_database(backend, tmp_path)
+    yield url
+    if backend == "postgres":
+        drop_postgres_database(url)
+
+
+def test_upgrade_downgrade_upgrade(empty_url: str) -> None:
+    engine = make_engine(empty_url)
+    upgrade(empty_url)
+    assert current_revision(engine) == head_revision()
+    assert {"runs", "step_metrics", "action_records", "ingest_batches", "directives"} <= set(
+        inspect(engine).get_table_names()
+    )
+    downgrade(empty_url, "base")
+    assert current_revision(engine) is None
+    assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
+    upgrade(empty_url)
+    assert current_revision(engine) == head_revision()
+    engine.dispose()
+
+
+def test_models_and_migrations_agree(empty_url: str) -> None:
+    upgrade(empty_url)
+    engine = make_engine(empty_url)
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
+    engine.dispose()
+    assert diff == []
+
+
+def test_metric_query_is_served_by_an_index(empty_url: str) -> None:
+    """'One run, some metric names, a step range' must be an index range scan, not a table scan."""
+    upgrade(empty_url)
+    engine = make_engine(empty_url)
+    pk = inspect(engine).get_pk_constraint("step_metrics")
+    engine.dispose()
+    assert pk["constrained_columns"] == ["run_id", "name", "step"]
+
+
+def test_empty_sqlite_is_upgraded_on_start(tmp_path: Path) -> None:
+    state = build_state(Settings(data_dir=tmp_path))
+    assert current_revision(state.db.engine) == head_revision()
+    assert (tmp_path / "lldmon.db").exists()
+    state.db.dispose()
+
+
+def test_outdated_schema_fails_fast_with_the_command(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    with pytest.raises(SchemaOutdated, match="lldmon db upgrade"):
+        build_state(Settings(database_url=url, auto_upgrade=False))
