@@ -52,13 +52,18 @@ def ensure_schema(settings: Settings, db: Database) -> None:
 
 
 def build_state(settings: Settings, registry: CollectorRegistry | None = None) -> AppState:
+    """Open the database, check its schema and wire the services."""
     db = Database(make_engine(settings.resolved_database_url(), pool_size=settings.db_pool_size))
     try:
         ensure_schema(settings, db)
     except BaseException:
         db.dispose()
         raise
-    registry = registry or CollectorRegistry()
+    return assemble_state(settings, db, registry or CollectorRegistry())
+
+
+def assemble_state(settings: Settings, db: Database, registry: CollectorRegistry) -> AppState:
+    """Wire the services around an open database (no I/O here)."""
 
     def runs_by_status() -> dict[str, int]:
         with db.read() as conn:

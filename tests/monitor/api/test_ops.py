@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
 
+from monitor.api.app import assemble_state
 from monitor.db.engine import make_engine
 from monitor.store import Database
 from tests.monitor.api.helpers import metrics_batch, new_run
@@ -49,3 +51,19 @@ def test_openapi_documents_the_columnar_bodies(client: TestClient) -> None:
         "delta",
     }
     assert client.get("/docs").status_code == 200
+
+
+def test_api_answers_503_while_the_database_is_down(client: TestClient, app) -> None:  # type: ignore[no-untyped-def]
+    run_id = new_run(client)
+    state = app.state.lldmon
+    down = Database(make_engine("postgresql+psycopg://nobody@127.0.0.1:1/none"))
+    app.state.lldmon = assemble_state(state.settings, down, CollectorRegistry())
+    try:
+        response = client.post(f"/api/v1/runs/{run_id}/metrics", json=metrics_batch([0], {"loss": [1.0]}))
+        assert response.status_code == 503
+        assert response.headers["retry-after"] == "1"
+        assert response.json()["error"]["code"] == "service_unavailable"
+        assert "nobody" not in response.text  # no driver message leaks to clients
+    finally:
+        app.state.lldmon = state
+        down.dispose()
