@@ -14,7 +14,9 @@ app = typer.Typer(help="lldmon: collapse diagnostics for GRPO agent training.", 
 db_app = typer.Typer(help="Database schema migrations.", no_args_is_help=True)
 token_app = typer.Typer(help="API tokens (auth is on once one exists).", no_args_is_help=True)
 runs_app = typer.Typer(help="Inspect runs.", no_args_is_help=True)
+alerts_app = typer.Typer(help="List and acknowledge alerts.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+app.add_typer(alerts_app, name="alerts")
 app.add_typer(token_app, name="token")
 app.add_typer(runs_app, name="runs")
 
@@ -187,6 +189,201 @@ def runs_list(
             ",".join(r.tags),
         )
     console.print(table)
+
+
+def _run_id(state: Any, ref: str) -> int:
+    """A run given by id, or by name when that name is unique across projects."""
+    from monitor.domain import Principal, RunFilter
+
+    if ref.isdigit():
+        return int(ref)
+    matches = [r for r in state.runs.list(Principal(), RunFilter(limit=1000)) if r.name == ref]
+    if len(matches) != 1:
+        console.print(f"[red]error:[/red] {len(matches)} runs are named {ref!r}; use the run id")
+        raise typer.Exit(1)
+    return int(matches[0].id)
+
+
+@alerts_app.command("list")
+def alerts_list(
+    run: Annotated[str, typer.Argument(help="Run id or unique name.")],
+    status: Annotated[str | None, typer.Option(help="open, acknowledged or resolved.")] = None,
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = None,
+) -> None:
+    from monitor.domain import Principal
+
+    state = _services(database_url, data_dir)
+    table = Table("id", "severity", "kind", "status", "steps", "message")
+    for a in state.alerts.list(Principal(), _run_id(state, run), status):
+        table.add_row(str(a.id), a.severity, a.kind, a.status, f"{a.first_step}-{a.last_step}", a.message)
+    console.print(table)
+
+
+@alerts_app.command("ack")
+def alerts_ack(
+    run: Annotated[str, typer.Argument(help="Run id or unique name.")],
+    alert_id: int,
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Acknowledge an alert: no more re-notifications until it resolves."""
+    from monitor.domain import Principal
+    from monitor.errors import NotFound
+
+    state = _services(database_url, data_dir)
+    try:
+        alert = state.alerts.acknowledge(Principal(), _run_id(state, run), alert_id)
+    except NotFound as exc:
+        console.print(f"[red]error:[/red] {exc.message}")
+        raise typer.Exit(1) from None
+    console.print(f"alert {alert.id} ({alert.kind}) {alert.status}")
+
+
+@app.command()
+def directive(
+    run: Annotated[str, typer.Argument(help="Run id or unique name.")],
+    llds: Annotated[str | None, typer.Option("--llds", help="on or off.")] = None,
+    lam: Annotated[float | None, typer.Option("--lambda", help="LLDS weight (paper: 0.2).")] = None,
+    policy: Annotated[str | None, typer.Option(help="off, alert or auto.")] = None,
+    reason: Annotated[str, typer.Option(help="Recorded with the change.")] = "",
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Show or override what the trainer is told (e.g. `--llds on --lambda 0.3`) and the run's policy."""
+    from monitor.domain import Principal
+    from monitor.errors import LLDMonError
+
+    state = _services(database_url, data_dir)
+    run_id = _run_id(state, run)
+    try:
+        if policy is not None:
+            state.runs.set_policy(Principal(), run_id, policy)
+        if llds is not None or lam is not None:
+            current = state.query.directive(Principal(), run_id)
+            if llds not in (None, "on", "off"):
+                raise typer.BadParameter("--llds must be on or off")
+            enabled = current.llds_enabled if llds is None else llds == "on"
+            state.query.set_directive(
+                Principal(),
+                run_id,
+                llds_enabled=enabled,
+                llds_lambda=current.llds_lambda if lam is None else lam,
+                reason=reason,
+            )
+        current = state.query.directive(Principal(), run_id)
+        run_info = state.runs.get(Principal(), run_id)
+    except LLDMonError as exc:
+        console.print(f"[red]error:[/red] {exc.message}")
+        raise typer.Exit(1) from None
+    console.print(
+        f"run {run_id}: policy {run_info.directive_policy}; directive v{current.version}: "
+        f"LLDS {'on' if current.llds_enabled else 'off'}, lambda {current.llds_lambda} "
+        f"({current.source}: {current.reason})"
+    )
+
+
+@app.command()
+def sync(
+    directory: Annotated[
+        Path,
+        typer.Argument(help="A client spool directory, or a folder above several (e.g. ~/.lldmon/spool)."),
+    ],
+    url: Annotated[str, typer.Option(envvar="LLDMON_URL", help="Base URL of the service.")] = (
+        "http://127.0.0.1:8000"
+    ),
+    token: Annotated[
+        str | None, typer.Option(envvar="LLDMON_TOKEN", help="API token, if auth is on.")
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds per HTTP request.")] = 30.0,
+) -> None:
+    """Upload batches a training job spooled while the service was unreachable (oldest first).
+
+    Idempotent: every batch keeps its batch_id, so one the service already has is a duplicate.
+    Stops at the first batch that cannot be delivered now; exit code 1 if any are left.
+    """
+    import gzip
+
+    import httpx
+
+    from contracts import spool
+    from contracts.wire import API_PREFIX
+
+    if not directory.is_dir():
+        console.print(f"[red]error:[/red] {directory} is not a directory")
+        raise typer.Exit(2)
+    dirs = spool.find_spool_dirs(directory)
+    run_ids: dict[tuple[str | None, str], int] = {}
+    counts = {"sent": 0, "duplicates": 0, "rejected": 0, "corrupt": 0}
+    problem: list[str] = []
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+
+    with httpx.Client(base_url=url.rstrip("/") + API_PREFIX, headers=headers, timeout=timeout) as http:
+
+        def run_id_of(run: spool.RunIdentity) -> int | str:
+            """The run's id (an existing run is looked up, not re-registered), or an error text."""
+            if run.key in run_ids:
+                return run_ids[run.key]
+            if run.project is not None:
+                offset = 0
+                while True:
+                    page = http.get("/runs", params={"project": run.project, "limit": 1000, "offset": offset})
+                    if not page.is_success:
+                        break
+                    found = [r["id"] for r in page.json() if r.get("name") == run.run_name]
+                    if found:
+                        run_ids[run.key] = int(found[0])
+                        return run_ids[run.key]
+                    if len(page.json()) < 1000:
+                        break
+                    offset += 1000
+            registered = http.post("/runs", json=run.register_body())
+            if not registered.is_success:
+                return (
+                    f"registering run {run.run_name!r}: HTTP {registered.status_code} {registered.text[:300]}"
+                )
+            run_ids[run.key] = int(registered.json()["id"])
+            return run_ids[run.key]
+
+        def send(entry: spool.SpoolEntry) -> spool.Outcome:
+            try:
+                run_id = run_id_of(entry.run)
+                if isinstance(run_id, str):
+                    problem[:] = [run_id]
+                    return "retry"
+                response = http.post(
+                    f"/runs/{run_id}/{entry.kind}",
+                    content=gzip.compress(entry.body_bytes()),
+                    headers={"content-type": "application/json", "content-encoding": "gzip"},
+                )
+            except httpx.HTTPError as exc:
+                problem[:] = [f"{type(exc).__name__}: {exc}"]
+                return "retry"
+            outcome = spool.outcome_for_status(response.status_code)
+            if outcome == "ok":
+                counts["duplicates" if response.json().get("duplicate") else "sent"] += 1
+                return outcome
+            problem[:] = [f"batch {entry.batch_id}: HTTP {response.status_code} {response.text[:300]}"]
+            if response.status_code == 404:
+                run_ids.pop(entry.run.key, None)
+            return outcome
+
+        for path in dirs:
+            report = spool.replay(path, send)
+            counts["rejected"] += report.rejected
+            counts["corrupt"] += report.corrupt
+            if report.rejected:
+                console.print(f"{report.rejected} rejected batches kept in {path / spool.REJECTED_DIR}")
+            if report.stopped:
+                break
+    remaining = sum(spool.spool_size(path)[0] for path in dirs)
+    console.print(
+        f"sent {counts['sent']}, duplicates {counts['duplicates']}, rejected {counts['rejected']}, "
+        f"remaining {remaining}" + (f", corrupt {counts['corrupt']}" if counts["corrupt"] else "")
+    )
+    if remaining:
+        console.print(f"[yellow]stopped:[/yellow] {problem[0] if problem else 'not delivered'}")
+        raise typer.Exit(1)
 
 
 def _redact(url: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -30,6 +31,24 @@ class Settings(BaseSettings):
     )
     db_pool_size: int = Field(default=8, gt=0)
     log_level: str = "info"
+
+    # Alerting (issue: detector). Webhook lists come from JSON in the environment, e.g.
+    # LLDMON_WEBHOOK_URLS='["http://hooks.internal/lldmon"]'.
+    webhook_urls: list[str] = Field(default_factory=list, description="Generic JSON webhooks.")
+    slack_webhook_urls: list[str] = Field(default_factory=list, description="Slack-compatible webhooks.")
+    renotify_seconds: float = Field(
+        default=3600.0, gt=0, description="Re-notify a still-open alert after this."
+    )
+
+    # Closed loop: what `auto` runs get when they slide (lld-reference.md section 4).
+    llds_trigger_phase: Literal["decay", "collapse"] = "decay"
+    llds_lambda: float = Field(default=0.2, ge=0, description="Paper default (0.3 for Qwen2.5-7B-Instruct).")
+    llds_lambda_max: float = Field(default=0.3, ge=0, description="Escalation cap when decay continues.")
+    llds_escalate_after_steps: int = Field(
+        default=40,
+        gt=0,
+        description="Raise lambda to llds_lambda_max if still sliding this many steps later.",
+    )
 
     def resolved_database_url(self) -> str:
         """The URL actually used: the explicit one, or the embedded SQLite file in `data_dir`."""

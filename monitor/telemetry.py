@@ -1,18 +1,34 @@
-"""Prometheus metrics of the service itself, on an injected registry (tests get their own)."""
+"""Prometheus metrics of the service, on an injected registry (tests get their own).
+
+Label cardinality: per-run series exist only for *running* runs (`lldmon_run_phase`), everything
+else is labelled by small fixed sets (kind, outcome, severity, sink).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+PHASES = ("warmup", "healthy", "stagnation", "decay", "collapse")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Database-derived state, read at scrape time so every API process reports the same values."""
+
+    runs_by_status: dict[str, int] = field(default_factory=dict)
+    running_phases: list[tuple[int, str, str]] = field(default_factory=list)  # (run id, run name, phase)
+    open_alerts_by_severity: dict[str, int] = field(default_factory=dict)
+
 
 class ServiceMetrics:
-    def __init__(self, registry: CollectorRegistry, runs_by_status: Callable[[], dict[str, int]]) -> None:
+    def __init__(self, registry: CollectorRegistry, snapshot: Callable[[], Snapshot]) -> None:
         self.registry = registry
         self.batches = Counter(
             "lldmon_ingest_batches",
@@ -30,7 +46,25 @@ class ServiceMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
             registry=registry,
         )
-        registry.register(_RunsCollector(runs_by_status))
+        self.detector_seconds = Histogram(
+            "lldmon_detector_seconds",
+            "Time to run the online detector over one ingested batch (lock, load window, update, persist).",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0),
+            registry=registry,
+        )
+        self.alerts = Counter(
+            "lldmon_alerts_fired",
+            "Alerts opened, by severity and kind.",
+            ["severity", "kind"],
+            registry=registry,
+        )
+        self.notifications = Counter(
+            "lldmon_notifications",
+            "Alert notifications by sink and outcome.",
+            ["sink", "outcome"],
+            registry=registry,
+        )
+        registry.register(_SnapshotCollector(snapshot))
 
     @contextlib.contextmanager
     def time_ingest(self, kind: str) -> Iterator[None]:
@@ -46,19 +80,35 @@ class ServiceMetrics:
     def record_rejected(self, kind: str) -> None:
         self.batches.labels(kind, "rejected").inc()
 
+    def record_alert(self, severity: str, kind: str) -> None:
+        self.alerts.labels(severity, kind).inc()
 
-class _RunsCollector(Collector):
-    """Runs by status, read from the database at scrape time (so every API process agrees)."""
+    def record_notification(self, sink: str, outcome: str) -> None:
+        self.notifications.labels(sink, outcome).inc()
 
-    def __init__(self, runs_by_status: Callable[[], dict[str, int]]) -> None:
-        self._runs_by_status = runs_by_status
+
+class _SnapshotCollector(Collector):
+    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
+        self._snapshot = snapshot
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        family = GaugeMetricFamily("lldmon_runs", "Runs by status.", labels=["status"])
         try:
-            counts = self._runs_by_status()
+            snap = self._snapshot()
         except Exception:  # the database being down must not break /metrics
-            counts = {}
-        for status, n in sorted(counts.items()):
-            family.add_metric([status], n)
-        yield family
+            snap = Snapshot()
+        runs = GaugeMetricFamily("lldmon_runs", "Runs by status.", labels=["status"])
+        for status, n in sorted(snap.runs_by_status.items()):
+            runs.add_metric([status], n)
+        yield runs
+        phase = GaugeMetricFamily(
+            "lldmon_run_phase",
+            "1 for the current LLD phase of each running run.",
+            labels=["run_id", "run", "phase"],
+        )
+        for run_id, name, current in snap.running_phases:
+            phase.add_metric([str(run_id), name, current], 1)
+        yield phase
+        open_alerts = GaugeMetricFamily("lldmon_alerts_open", "Open alerts by severity.", labels=["severity"])
+        for severity in ("warning", "critical"):
+            open_alerts.add_metric([severity], snap.open_alerts_by_severity.get(severity, 0))
+        yield open_alerts

@@ -7,12 +7,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import httpx
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import RedirectResponse
 from prometheus_client import CollectorRegistry
 
 from contracts.wire import API_PREFIX
+from monitor.alerting.sinks import Dispatcher, LogSink, Sink, SlackSink, WebhookSink
 from monitor.api.errors import install_error_handlers
 from monitor.api.routes import ingest, ops, query, runs
 from monitor.api.state import AppState
@@ -20,13 +22,16 @@ from monitor.api.wire import request_schemas
 from monitor.config import Settings
 from monitor.db.engine import make_engine
 from monitor.db.migrate import current_revision, head_revision, upgrade
+from monitor.services.alerts import AlertService
 from monitor.services.auth import AuthService
+from monitor.services.detection import DetectionService
 from monitor.services.ingest import IngestService
 from monitor.services.query import QueryService
 from monitor.services.runs import RunService
 from monitor.store import Database
+from monitor.store import alerts as alert_store
 from monitor.store import runs as run_store
-from monitor.telemetry import ServiceMetrics
+from monitor.telemetry import ServiceMetrics, Snapshot
 
 log = logging.getLogger("lldmon")
 
@@ -51,7 +56,9 @@ def ensure_schema(settings: Settings, db: Database) -> None:
     )
 
 
-def build_state(settings: Settings, registry: CollectorRegistry | None = None) -> AppState:
+def build_state(
+    settings: Settings, registry: CollectorRegistry | None = None, http_client: httpx.Client | None = None
+) -> AppState:
     """Open the database, check its schema and wire the services."""
     db = Database(make_engine(settings.resolved_database_url(), pool_size=settings.db_pool_size))
     try:
@@ -59,18 +66,34 @@ def build_state(settings: Settings, registry: CollectorRegistry | None = None) -
     except BaseException:
         db.dispose()
         raise
-    return assemble_state(settings, db, registry or CollectorRegistry())
+    return assemble_state(settings, db, registry or CollectorRegistry(), http_client)
 
 
-def assemble_state(settings: Settings, db: Database, registry: CollectorRegistry) -> AppState:
-    """Wire the services around an open database (no I/O here)."""
+def make_sinks(settings: Settings, client: httpx.Client | None) -> list[Sink]:
+    sinks: list[Sink] = [LogSink()]
+    client = client or httpx.Client(timeout=10.0)
+    sinks += [WebhookSink(url, client) for url in settings.webhook_urls]
+    sinks += [SlackSink(url, client) for url in settings.slack_webhook_urls]
+    return sinks
 
-    def runs_by_status() -> dict[str, int]:
+
+def assemble_state(
+    settings: Settings, db: Database, registry: CollectorRegistry, http_client: httpx.Client | None = None
+) -> AppState:
+    """Wire the services around an open database (no I/O here); `http_client` carries webhooks."""
+
+    def snapshot() -> Snapshot:
         with db.read() as conn:
-            return run_store.count_by_status(conn)
+            return Snapshot(
+                runs_by_status=run_store.count_by_status(conn),
+                running_phases=run_store.running_phases(conn),
+                open_alerts_by_severity=alert_store.open_counts(conn),
+            )
 
-    telemetry = ServiceMetrics(registry, runs_by_status)
+    telemetry = ServiceMetrics(registry, snapshot)
     run_service = RunService(db)
+    dispatcher = Dispatcher(make_sinks(settings, http_client), telemetry)
+    detection = DetectionService(db, run_service, settings, telemetry, dispatcher)
     return AppState(
         settings=settings,
         db=db,
@@ -78,17 +101,23 @@ def assemble_state(settings: Settings, db: Database, registry: CollectorRegistry
         telemetry=telemetry,
         auth=AuthService(db),
         runs=run_service,
-        ingest=IngestService(db, run_service, telemetry),
+        ingest=IngestService(db, run_service, telemetry, detection),
         query=QueryService(db, run_service),
+        detection=detection,
+        alerts=AlertService(db, run_service),
+        dispatcher=dispatcher,
     )
 
 
-def create_app(settings: Settings, *, registry: CollectorRegistry | None = None) -> FastAPI:
-    state = build_state(settings, registry)
+def create_app(
+    settings: Settings, *, registry: CollectorRegistry | None = None, http_client: httpx.Client | None = None
+) -> FastAPI:
+    state = build_state(settings, registry, http_client)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
+        state.dispatcher.close()
         state.db.dispose()
 
     app = FastAPI(

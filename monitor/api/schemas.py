@@ -197,3 +197,7 @@ class ErrorBody(BaseModel):
 
 class ErrorOut(BaseModel):
     error: ErrorBody
+
+
+class DetectorOverridesIn(_Strict):
+    overrides: dict[str, Any] = Field(description="DetectorConfig field -> value; {} restores the defaults.")

@@ -7,9 +7,12 @@ from dataclasses import dataclass
 from fastapi import Depends, Header, Request
 from prometheus_client import CollectorRegistry
 
+from monitor.alerting.sinks import Dispatcher
 from monitor.config import Settings
 from monitor.domain import Principal
+from monitor.services.alerts import AlertService
 from monitor.services.auth import AuthService
+from monitor.services.detection import DetectionService
 from monitor.services.ingest import IngestService
 from monitor.services.query import QueryService
 from monitor.services.runs import RunService
@@ -27,6 +30,9 @@ class AppState:
     runs: RunService
     ingest: IngestService
     query: QueryService
+    detection: DetectionService
+    alerts: AlertService
+    dispatcher: Dispatcher
 
 
 def get_state(request: Request) -> AppState:

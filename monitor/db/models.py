@@ -95,6 +95,8 @@ class Run(Base):
     status: Mapped[str] = mapped_column(String(16), default="running", index=True)
     directive_policy: Mapped[str] = mapped_column(String(8), default="alert")
     phase: Mapped[str | None] = mapped_column(String(32))
+    detector_state: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    detector_overrides: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     last_step: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), server_default=_now())
     last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), server_default=_now())
@@ -173,6 +175,7 @@ class Alert(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), server_default=_now())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), server_default=_now())
     last_notified_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    notify_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     acknowledged_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 

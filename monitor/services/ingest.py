@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+
 from monitor.domain import ActionColumns, DirectiveInfo, IngestAck, MetricsColumns, Principal
+from monitor.services.detection import DetectionService
 from monitor.services.runs import RunService
 from monitor.store import Database
 from monitor.store import events as event_store
@@ -10,12 +13,17 @@ from monitor.store import ingest as ingest_store
 from monitor.store import runs as run_store
 from monitor.telemetry import ServiceMetrics
 
+log = logging.getLogger("lldmon.ingest")
+
 
 class IngestService:
-    def __init__(self, db: Database, runs: RunService, telemetry: ServiceMetrics) -> None:
+    def __init__(
+        self, db: Database, runs: RunService, telemetry: ServiceMetrics, detection: DetectionService
+    ) -> None:
         self.db = db
         self.runs = runs
         self.telemetry = telemetry
+        self.detection = detection
 
     def ingest_metrics(
         self, principal: Principal, run_id: int, batch_id: str, batch: MetricsColumns
@@ -27,8 +35,21 @@ class IngestService:
             if previous is None:
                 ingest_store.write_metrics(conn, run_id, batch)
                 run_store.touch_run(conn, run_id, last_step)
+        if previous is None:
+            self._detect(run_id)
+        with self.db.read() as conn:
             directive = event_store.current_directive(conn, run_id)
         return self._ack("metrics", batch_id, len(batch), previous, directive, last_step)
+
+    def _detect(self, run_id: int) -> None:
+        """The batch is committed: a detector failure must not turn its acknowledgement into an error.
+
+        Steps it missed are picked up by the next batch (the window starts at the last processed step).
+        """
+        try:
+            self.detection.process(run_id)
+        except Exception:
+            log.exception("detector failed on run %s; will catch up on the next batch", run_id)
 
     def ingest_actions(
         self, principal: Principal, run_id: int, batch_id: str, batch: ActionColumns

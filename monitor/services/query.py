@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from contracts.wire import encode_float
-from monitor.domain import AlertInfo, DirectiveInfo, MetricSummary, PhaseEventInfo, Principal, Series
+from monitor.domain import DirectiveInfo, MetricSummary, PhaseEventInfo, Principal, Series
 from monitor.errors import InvalidInput
 from monitor.services.downsample import minmax_indices
 from monitor.services.runs import RunService
@@ -107,11 +107,6 @@ class QueryService:
         self.runs.get(principal, run_id)
         with self.db.read() as conn:
             return event_store.directive_history(conn, run_id)
-
-    def alerts(self, principal: Principal, run_id: int, status: str | None) -> list[AlertInfo]:
-        self.runs.get(principal, run_id)
-        with self.db.read() as conn:
-            return event_store.list_alerts(conn, run_id, status)
 
     def phase_events(self, principal: Principal, run_id: int) -> list[PhaseEventInfo]:
         self.runs.get(principal, run_id)

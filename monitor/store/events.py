@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import Connection, func, select
 
-from monitor.db.models import Alert, Directive, PhaseEvent
-from monitor.domain import AlertInfo, DirectiveInfo, PhaseEventInfo
+from monitor.db.models import Directive, PhaseEvent
+from monitor.domain import DirectiveInfo, PhaseEventInfo
 from monitor.store._sql import table_of
 
 directives = table_of(Directive)
 phase_events = table_of(PhaseEvent)
-alerts = table_of(Alert)
 
 
 def current_directive(conn: Connection, run_id: int) -> DirectiveInfo:
@@ -79,26 +80,11 @@ def list_phase_events(conn: Connection, run_id: int) -> list[PhaseEventInfo]:
     ]
 
 
-def list_alerts(conn: Connection, run_id: int, status: str | None = None) -> list[AlertInfo]:
-    query = select(alerts).where(alerts.c.run_id == run_id)
-    if status is not None:
-        query = query.where(alerts.c.status == status)
-    rows = conn.execute(query.order_by(alerts.c.id)).all()
-    return [
-        AlertInfo(
-            id=r.id,
-            run_id=r.run_id,
-            kind=r.kind,
-            severity=r.severity,
-            status=r.status,
-            message=r.message,
-            evidence=r.evidence or {},
-            first_step=r.first_step,
-            last_step=r.last_step,
-            created_at=r.created_at,
-            updated_at=r.updated_at,
-            acknowledged_at=r.acknowledged_at,
-            resolved_at=r.resolved_at,
+def insert_phase_event(
+    conn: Connection, run_id: int, step: int, phase: str, previous_phase: str | None, evidence: dict[str, Any]
+) -> None:
+    conn.execute(
+        phase_events.insert().values(
+            run_id=run_id, step=step, phase=phase, previous_phase=previous_phase, evidence=evidence
         )
-        for r in rows
-    ]
+    )

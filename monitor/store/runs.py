@@ -136,3 +136,10 @@ def _to_run(row: Row[Any], tags: list[str]) -> RunInfo:
         last_seen_at=row.last_seen_at,
         finished_at=row.finished_at,
     )
+
+
+def running_phases(conn: Connection) -> list[tuple[int, str, str]]:
+    rows = conn.execute(
+        select(runs.c.id, runs.c.name, runs.c.phase).where(runs.c.status == "running").order_by(runs.c.id)
+    ).all()
+    return [(int(i), str(n), str(p or "warmup")) for i, n, p in rows]

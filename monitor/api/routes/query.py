@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, Query, Response
 from contracts.wire import encode_float
 from monitor.api.schemas import (
     AlertOut,
+    DetectorOverridesIn,
     DirectiveIn,
     DirectiveOut,
     ErrorOut,
@@ -116,7 +117,29 @@ def list_alerts(
     state: AppState = Depends(get_state),
     principal: Principal = Depends(get_principal),
 ) -> list[AlertOut]:
-    return [AlertOut.of(a) for a in state.query.alerts(principal, run_id, status)]
+    return [AlertOut.of(a) for a in state.alerts.list(principal, run_id, status)]
+
+
+@router.post("/alerts/{alert_id}/ack", response_model=AlertOut, responses=_ERRORS)
+def acknowledge_alert(
+    run_id: int,
+    alert_id: int,
+    state: AppState = Depends(get_state),
+    principal: Principal = Depends(get_principal),
+) -> AlertOut:
+    """Acknowledge an open alert: no more re-notifications; it still resolves when the run recovers."""
+    return AlertOut.of(state.alerts.acknowledge(principal, run_id, alert_id))
+
+
+@router.put("/detector", responses=_ERRORS)
+def set_detector_overrides(
+    run_id: int,
+    body: DetectorOverridesIn,
+    state: AppState = Depends(get_state),
+    principal: Principal = Depends(get_principal),
+) -> dict[str, Any]:
+    """Per-run detector settings (names and defaults: `monitor.detector.DetectorConfig`)."""
+    return {"overrides": state.detection.set_overrides(principal, run_id, body.overrides)}
 
 
 @router.get("/events", response_model=list[PhaseEventOut], responses=_ERRORS)

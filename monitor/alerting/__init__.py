@@ -1,0 +1,1 @@
+"""Alerts: pure de-duplication rules, notification sinks, and the dispatcher that never blocks ingest."""

@@ -1,0 +1,65 @@
+"""What the detector carries from one batch to the next (JSON-serialisable, persisted by the service)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+STATE_VERSION: Final = 1
+
+
+@dataclass
+class DetectorState:
+    phase: str = "warmup"
+    phase_since: int | None = None
+    last_step: int | None = None
+    n_points: int = 0
+    """Points processed so far (the warm-up counts these)."""
+    pending_phase: str | None = None
+    """Hysteresis: the phase the recent points point to, and for how many consecutive points."""
+    pending_count: int = 0
+    reward_peak: float | None = None
+    """Running peak of the smoothed reward (the window may be truncated, so the peak lives here)."""
+    reward_peak_step: int | None = None
+    entropy_peak: float | None = None
+    """Running peak of the smoothed entropy (entropy-collapse diagnosis)."""
+    counters: dict[str, int] = field(default_factory=dict)
+    """Hysteresis / latch counters of the findings, by name."""
+    active: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Active findings by kind: {"since": first step, "severity": ..., "message": ..., "evidence": ...}."""
+    version: int = STATE_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable copy (non-finite floats become None)."""
+        out = dataclasses.asdict(self)
+        return _json_safe(out)  # type: ignore[no-any-return]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DetectorState:
+        version = data.get("version", STATE_VERSION)
+        if version != STATE_VERSION:
+            raise ValueError(f"detector state version {version} is not supported (expected {STATE_VERSION})")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown detector state fields: {sorted(unknown)}")
+        return cls(**copy.deepcopy(data))
+
+    def copy(self) -> DetectorState:
+        """An independent copy. Evidence dicts are never mutated once stored, so they are shared."""
+        return dataclasses.replace(
+            self, counters=dict(self.counters), active={k: dict(v) for k, v in self.active.items()}
+        )
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj

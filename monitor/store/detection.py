@@ -1,0 +1,104 @@
+"""What the online detector needs from the database: the run (locked), its state, a window of history."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from sqlalchemy import Connection, select, update
+
+from monitor.db.models import Project, Run, StepMetric
+from monitor.store._sql import table_of
+
+runs = table_of(Run)
+projects = table_of(Project)
+step_metrics = table_of(StepMetric)
+
+
+@dataclass(frozen=True)
+class DetectionTarget:
+    run_id: int
+    name: str
+    project: str
+    policy: str
+    state: dict[str, Any] | None
+    overrides: dict[str, Any]
+
+
+def lock_run(conn: Connection, run_id: int) -> DetectionTarget | None:
+    """Load the run for detection, holding its row lock until commit (PostgreSQL: FOR UPDATE).
+
+    Concurrent batches of one run therefore run the detector one after the other, each seeing the
+    state the previous one saved; SQLite's single writer gives the same guarantee.
+    """
+    query = (
+        select(
+            runs.c.id,
+            runs.c.name,
+            projects.c.name,
+            runs.c.directive_policy,
+            runs.c.detector_state,
+            runs.c.detector_overrides,
+        )
+        .join(projects, projects.c.id == runs.c.project_id)
+        .where(runs.c.id == run_id)
+    )
+    if conn.dialect.name == "postgresql":
+        query = query.with_for_update(of=runs)
+    row = conn.execute(query).one_or_none()
+    if row is None:
+        return None
+    return DetectionTarget(int(row[0]), row[1], row[2], row[3], row[4], row[5] or {})
+
+
+def save_state(conn: Connection, run_id: int, state: dict[str, Any], phase: str) -> None:
+    conn.execute(update(runs).where(runs.c.id == run_id).values(detector_state=state, phase=phase))
+
+
+def set_overrides(conn: Connection, run_id: int, overrides: dict[str, Any]) -> None:
+    conn.execute(update(runs).where(runs.c.id == run_id).values(detector_overrides=overrides))
+
+
+def max_step(conn: Connection, run_id: int, names: Sequence[str]) -> int | None:
+    from sqlalchemy import func
+
+    value = conn.execute(
+        select(func.max(step_metrics.c.step)).where(
+            step_metrics.c.run_id == run_id, step_metrics.c.name.in_(names)
+        )
+    ).scalar_one_or_none()
+    return None if value is None else int(value)
+
+
+def read_window(
+    conn: Connection, run_id: int, names: Sequence[str], step_min: int | None
+) -> tuple[npt.NDArray[np.int64], dict[str, npt.NDArray[np.float64]], dict[str, npt.NDArray[np.bool_]]]:
+    """Aligned arrays over the union of steps: values (NaN where absent or NaN) and presence masks."""
+    query = select(step_metrics.c.name, step_metrics.c.step, step_metrics.c.value).where(
+        step_metrics.c.run_id == run_id, step_metrics.c.name.in_(list(names))
+    )
+    if step_min is not None:
+        query = query.where(step_metrics.c.step >= step_min)
+    rows = conn.execute(query).all()
+    if not rows:
+        return np.zeros(0, dtype=np.int64), {}, {}
+    name_col = np.array([r[0] for r in rows], dtype=object)
+    step_col = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
+    value_col = np.fromiter(
+        (np.nan if r[2] is None else r[2] for r in rows), dtype=np.float64, count=len(rows)
+    )
+    steps, position = np.unique(step_col, return_inverse=True)
+    values: dict[str, npt.NDArray[np.float64]] = {}
+    present: dict[str, npt.NDArray[np.bool_]] = {}
+    for name in np.unique(name_col):
+        sel = name_col == name
+        column = np.full(len(steps), np.nan)
+        mask = np.zeros(len(steps), dtype=bool)
+        column[position[sel]] = value_col[sel]
+        mask[position[sel]] = True
+        values[str(name)] = column
+        present[str(name)] = mask
+    return steps, values, present

@@ -1,0 +1,129 @@
+"""Webhook delivery: retried against a real local HTTP server, never blocking the caller."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from monitor.alerting.sinks import Dispatcher, Notification, SlackSink, WebhookSink
+from monitor.telemetry import ServiceMetrics, Snapshot
+
+
+class Receiver:
+    """A loopback HTTP server that fails the first `failures` requests with 503."""
+
+    def __init__(self, failures: int, delay: float = 0.0) -> None:
+        self.failures = failures
+        self.delay = delay
+        self.bodies: list[dict[str, object]] = []
+        self.attempts = 0
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                receiver.attempts += 1
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                time.sleep(receiver.delay)
+                if receiver.attempts <= receiver.failures:
+                    self.send_response(503)
+                else:
+                    receiver.bodies.append(json.loads(body))
+                    self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def telemetry() -> ServiceMetrics:
+    return ServiceMetrics(CollectorRegistry(), Snapshot)
+
+
+@pytest.fixture
+def http() -> Iterator[httpx.Client]:
+    with httpx.Client(timeout=5) as client:
+        yield client
+
+
+NOTE = Notification(
+    "firing", 7, 3, "grpo-3b", "nq", "lld_collapse", "critical", 140, "likelihood drop", {"z": 4.2}
+)
+
+
+def counter(telemetry: ServiceMetrics, sink: str, outcome: str) -> float:
+    value = telemetry.registry.get_sample_value(
+        "lldmon_notifications_total", {"sink": sink, "outcome": outcome}
+    )
+    return value or 0.0
+
+
+def test_webhook_is_retried_until_delivered(telemetry: ServiceMetrics, http: httpx.Client) -> None:
+    receiver = Receiver(failures=2)
+    try:
+        dispatcher = Dispatcher([WebhookSink(receiver.url, http)], telemetry, base_delay=0.01)
+        dispatcher.submit([NOTE])
+        assert dispatcher.join(10)
+        dispatcher.close()
+    finally:
+        receiver.close()
+    assert receiver.attempts == 3
+    assert receiver.bodies == [
+        {
+            "event": "firing",
+            "alert_id": 7,
+            "run_id": 3,
+            "run_name": "grpo-3b",
+            "project": "nq",
+            "kind": "lld_collapse",
+            "severity": "critical",
+            "step": 140,
+            "message": "likelihood drop",
+            "evidence": {"z": 4.2},
+        }
+    ]
+    assert counter(telemetry, "webhook", "sent") == 1
+
+
+def test_dead_webhook_gives_up_and_is_counted(telemetry: ServiceMetrics, http: httpx.Client) -> None:
+    receiver = Receiver(failures=100)
+    try:
+        dispatcher = Dispatcher([WebhookSink(receiver.url, http)], telemetry, max_attempts=3, base_delay=0.01)
+        dispatcher.submit([NOTE])
+        assert dispatcher.join(10)
+        dispatcher.close()
+    finally:
+        receiver.close()
+    assert receiver.attempts == 3
+    assert counter(telemetry, "webhook", "failed") == 1
+
+
+def test_slow_sink_never_blocks_submit(telemetry: ServiceMetrics, http: httpx.Client) -> None:
+    receiver = Receiver(failures=0, delay=0.5)
+    try:
+        dispatcher = Dispatcher([SlackSink(receiver.url, http)], telemetry, base_delay=0.01)
+        start = time.perf_counter()
+        dispatcher.submit([NOTE, NOTE, NOTE])
+        assert time.perf_counter() - start < 0.1
+        assert dispatcher.join(10)
+        dispatcher.close()
+    finally:
+        receiver.close()
+    assert receiver.bodies[0] == {"text": NOTE.summary()}
+    assert "[CRITICAL] nq/grpo-3b (run 3) step 140: lld_collapse" in NOTE.summary()

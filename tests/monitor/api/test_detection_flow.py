@@ -1,0 +1,133 @@
+"""Closed loop through the API: a run that slides into collapse gets phase events, alerts, webhooks,
+Prometheus phase gauges and, under the `auto` policy only, the LLDS directive."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from contracts.wire import API_PREFIX, encode_float
+from monitor.api.app import create_app
+from monitor.detector.scenarios import Scenario, collapse_scenario, healthy_scenario
+from tests.monitor.alerting.test_sinks import Receiver
+
+
+def stream(
+    client: TestClient, run_id: int, scenario: Scenario, batch_steps: int = 10
+) -> list[dict[str, Any]]:
+    """Send the scenario as a trainer would: batches of consecutive steps; returns the acks."""
+    acks = []
+    for lo in range(0, len(scenario.steps), batch_steps):
+        sl = slice(lo, lo + batch_steps)
+        metrics = {
+            name: [
+                encode_float(float(v)) if p else None
+                for v, p in zip(values[sl], scenario.present[name][sl], strict=True)
+            ]
+            for name, values in scenario.values.items()
+        }
+        body = {
+            "batch_id": uuid.uuid4().hex,
+            "steps": [int(s) for s in scenario.steps[sl]],
+            "metrics": metrics,
+        }
+        response = client.post(f"{API_PREFIX}/runs/{run_id}/metrics", json=body)
+        assert response.status_code == 200, response.text
+        acks.append(response.json())
+    return acks
+
+
+@pytest.fixture
+def receiver():  # type: ignore[no-untyped-def]
+    r = Receiver(failures=1)
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def alerting_client(settings, receiver):  # type: ignore[no-untyped-def]
+    app = create_app(settings.model_copy(update={"webhook_urls": [receiver.url]}))
+    with TestClient(app) as client:
+        yield client, app
+    app.state.lldmon.db.dispose()
+
+
+def test_collapse_under_auto_policy_switches_llds_on(alerting_client, receiver) -> None:  # type: ignore[no-untyped-def]
+    client, app = alerting_client
+    scenario = collapse_scenario(3)
+    run_id = client.post(f"{API_PREFIX}/runs", json={"name": "grpo-auto"}).json()["id"]
+    client.put(f"{API_PREFIX}/runs/{run_id}/policy", json={"policy": "auto"})
+    acks = stream(client, run_id, scenario)
+
+    events = client.get(f"{API_PREFIX}/runs/{run_id}/events").json()
+    phases = [e["phase"] for e in events]
+    assert "decay" in phases and "collapse" in phases
+    decay = next(e for e in events if e["phase"] == "decay")
+    assert decay["evidence"] and decay["step"] < scenario.collapse_step  # type: ignore[operator]
+
+    alerts = client.get(f"{API_PREFIX}/runs/{run_id}/alerts").json()
+    kinds = {a["kind"]: a for a in alerts}
+    assert kinds["lld_decay"]["severity"] == "warning"
+    assert kinds["lld_collapse"]["severity"] == "critical"
+    assert len([a for a in alerts if a["kind"] == "lld_collapse"]) == 1  # de-duplicated
+
+    # The directive flipped during the stream and the trainer saw it in an ingest acknowledgement.
+    enabled = [a for a in acks if a["directive"]["llds"]["enabled"]]
+    assert enabled and enabled[0]["directive"]["source"] == "detector"
+    assert enabled[0]["directive"]["llds"]["lam"] == pytest.approx(0.2)
+    first_on = acks.index(enabled[0])
+    assert first_on * 10 < scenario.collapse_step  # type: ignore[operator]
+    history = client.get(f"{API_PREFIX}/runs/{run_id}/directives").json()
+    assert history[0]["reason"].startswith("auto: run entered")
+
+    assert app.state.lldmon.dispatcher.join(10)
+    fired = [b for b in receiver.bodies if b["event"] == "firing"]
+    assert {"lld_decay", "lld_collapse"} <= {b["kind"] for b in fired}
+    assert all(b["run_name"] == "grpo-auto" for b in fired)
+
+    run = client.get(f"{API_PREFIX}/runs/{run_id}").json()
+    assert run["phase"] == "collapse"
+    metrics = client.get("/metrics").text
+    assert f'lldmon_run_phase{{phase="collapse",run="grpo-auto",run_id="{run_id}"}} 1.0' in metrics
+    assert 'lldmon_alerts_fired_total{kind="lld_collapse",severity="critical"} 1.0' in metrics
+
+
+def test_alert_policy_alerts_but_never_steers(client: TestClient) -> None:
+    run_id = client.post(f"{API_PREFIX}/runs", json={"name": "grpo-alert"}).json()["id"]
+    acks = stream(client, run_id, collapse_scenario(3))
+    assert not any(a["directive"]["llds"]["enabled"] for a in acks)
+    assert client.get(f"{API_PREFIX}/runs/{run_id}/directive").json()["version"] == 0
+    assert any(a["kind"] == "lld_collapse" for a in client.get(f"{API_PREFIX}/runs/{run_id}/alerts").json())
+
+
+def test_healthy_run_raises_no_collapse_alert(client: TestClient) -> None:
+    run_id = client.post(f"{API_PREFIX}/runs", json={"name": "healthy", "tags": []}).json()["id"]
+    client.put(f"{API_PREFIX}/runs/{run_id}/policy", json={"policy": "auto"})
+    stream(client, run_id, healthy_scenario(1))
+    alerts = client.get(f"{API_PREFIX}/runs/{run_id}/alerts").json()
+    assert not [a for a in alerts if a["severity"] == "critical"]
+    assert client.get(f"{API_PREFIX}/runs/{run_id}/directive").json()["llds"]["enabled"] is False
+
+
+def test_acknowledge_and_overrides(client: TestClient) -> None:
+    run_id = client.post(f"{API_PREFIX}/runs", json={"name": "ack"}).json()["id"]
+    stream(client, run_id, collapse_scenario(3))
+    alert = client.get(f"{API_PREFIX}/runs/{run_id}/alerts", params={"status": "open"}).json()[0]
+    acked = client.post(f"{API_PREFIX}/runs/{run_id}/alerts/{alert['id']}/ack").json()
+    assert acked["status"] == "acknowledged" and acked["acknowledged_at"]
+    assert client.post(f"{API_PREFIX}/runs/{run_id}/alerts/99999/ack").status_code == 404
+    bad = client.put(f"{API_PREFIX}/runs/{run_id}/detector", json={"overrides": {"no_such_knob": 1}})
+    assert bad.status_code == 422 and "no_such_knob" in bad.json()["error"]["message"]
+
+
+def test_late_batch_of_old_steps_does_not_rewind_the_detector(client: TestClient) -> None:
+    run_id = client.post(f"{API_PREFIX}/runs", json={"name": "late"}).json()["id"]
+    scenario = collapse_scenario(5)
+    stream(client, run_id, scenario)
+    events_before = client.get(f"{API_PREFIX}/runs/{run_id}/events").json()
+    body = {"batch_id": "late", "steps": [1, 2], "metrics": {"reward/mean": [0.1, 0.2]}}
+    assert client.post(f"{API_PREFIX}/runs/{run_id}/metrics", json=body).status_code == 200
+    assert client.get(f"{API_PREFIX}/runs/{run_id}/events").json() == events_before

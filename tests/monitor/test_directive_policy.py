@@ -1,0 +1,45 @@
+"""The closed-loop rule: auto switches LLDS on when sliding, escalates once, and never beats a human."""
+
+from __future__ import annotations
+
+from monitor.domain import DirectiveInfo
+from monitor.services.directive_policy import DirectiveRule, decide
+
+RULE = DirectiveRule(trigger_phase="decay", lam=0.2, lam_max=0.3, escalate_after=40)
+OFF = DirectiveInfo()
+
+
+def test_auto_switches_on_when_decay_starts() -> None:
+    change = decide("auto", "decay", 80, OFF, RULE)
+    assert change is not None and change.llds_enabled and change.llds_lambda == 0.2
+    assert "decay" in change.reason and "80" in change.reason
+
+
+def test_alert_and_off_policies_never_steer() -> None:
+    assert decide("alert", "collapse", 80, OFF, RULE) is None
+    assert decide("off", "collapse", 80, OFF, RULE) is None
+
+
+def test_healthy_or_stagnant_runs_are_left_alone() -> None:
+    for phase in ("warmup", "healthy", "stagnation"):
+        assert decide("auto", phase, 80, OFF, RULE) is None
+
+
+def test_collapse_trigger_waits_for_collapse() -> None:
+    rule = DirectiveRule(trigger_phase="collapse")
+    assert decide("auto", "decay", 80, OFF, rule) is None
+    assert decide("auto", "collapse", 130, OFF, rule) is not None
+
+
+def test_escalates_once_if_decay_continues() -> None:
+    on = DirectiveInfo(version=1, llds_enabled=True, llds_lambda=0.2, source="detector", step=80)
+    assert decide("auto", "decay", 100, on, RULE) is None
+    change = decide("auto", "decay", 120, on, RULE)
+    assert change is not None and change.llds_lambda == 0.3
+    top = DirectiveInfo(version=2, llds_enabled=True, llds_lambda=0.3, source="detector", step=120)
+    assert decide("auto", "collapse", 400, top, RULE) is None
+
+
+def test_manual_directive_wins() -> None:
+    manual_off = DirectiveInfo(version=3, llds_enabled=False, llds_lambda=0.2, source="manual", step=90)
+    assert decide("auto", "collapse", 150, manual_off, RULE) is None
