@@ -28,6 +28,8 @@ def action_ids(mask: Tensor) -> Tensor:
 
 def num_actions(ids: Tensor) -> Tensor:
     """(B,) number of actions per row, from `action_ids` output."""
+    if ids.shape[1] == 0:  # max over an empty dim raises
+        return torch.zeros(ids.shape[0], dtype=torch.int64, device=ids.device)
     return ids.max(dim=1).values.clamp(min=-1) + 1
 
 

@@ -71,9 +71,14 @@ class DetectionService:
                 return
             result = update(SeriesWindow(steps=steps, values=values, present=present), state, config)
             detection_store.save_state(conn, run_id, json_safe(result.state.to_dict()), result.state.phase)
-            for change in result.phase_changes:
+            for phase_change in result.phase_changes:
                 event_store.insert_phase_event(
-                    conn, run_id, change.step, change.phase, change.previous_phase, json_safe(change.evidence)
+                    conn,
+                    run_id,
+                    phase_change.step,
+                    phase_change.phase,
+                    phase_change.previous_phase,
+                    json_safe(phase_change.evidence),
                 )
             last_step = int(steps[-1])
             now = datetime.now(timezone.utc)

@@ -1,0 +1,220 @@
+"""Coalesce queued `log()` / `log_actions()` records into columnar ingest bodies (`contracts.wire`).
+
+Runs in the sender thread (or, when the queue is full, in the caller's thread for the overflow), so
+values are converted here, not in `log()`: tensors and numpy scalars go through `float()` / `int()`
+/ `.tolist()`. Structural problems (a metric name the service would refuse, action columns of
+different lengths, values that are not numbers) are dropped here with a warning, so that one bad
+name does not make the service reject a whole batch of good data; value ranges are left to the
+service (the one authority on them).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from contracts.metrics import MAX_METRIC_NAME_LENGTH
+from contracts.wire import ACTION_COLUMNS, ACTION_SOURCES, encode_float
+
+_orjson_dumps: Callable[[Any], bytes] | None
+try:
+    from orjson import dumps as _orjson_dumps
+except ImportError:  # pragma: no cover - orjson is optional in training images
+    _orjson_dumps = None
+
+Warn = Callable[..., object]
+"""`warn(key, msg, *args)`: see `trainer_hooks._warn.WarnOnce`."""
+
+Kind = Literal["metrics", "actions"]
+
+INT_COLUMNS: Final = ("step", "traj_index", "action_index", "n_tokens")
+FLOAT_COLUMNS: Final = ("delta", "old_logp_mean", "advantage", "reward")
+REQUIRED_ACTION_COLUMNS: Final = ("traj_index", "action_index", "n_tokens", "delta", "is_answer")
+"""`log_actions` needs these; `step` defaults to the step argument, `source` to "loss" and
+`old_logp_mean` / `advantage` / `reward` to null (unknown)."""
+DEFAULT_SOURCE: Final = ACTION_SOURCES[0]
+
+
+@dataclass(slots=True)
+class Record:
+    """One `log()` (kind "metrics", payload name -> value) or `log_actions()` call (name -> column)."""
+
+    kind: Kind
+    step: int
+    payload: dict[Any, Any]
+
+
+def new_batch_id() -> str:
+    return uuid.uuid4().hex
+
+
+def dumps(obj: Any) -> bytes:
+    """Compact JSON; orjson when available. Bodies hold no non-finite floats (see `encode_float`)."""
+    if _orjson_dumps is not None:
+        try:
+            return _orjson_dumps(obj)
+        except (TypeError, ValueError):  # e.g. an int over 64 bits: let json produce the error text
+            pass
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+
+
+def metric_name_problem(name: object) -> str | None:
+    """Why the service would refuse `name` as a metric name, or None if it is fine."""
+    if not isinstance(name, str):
+        return f"metric names must be strings, got {type(name).__name__}"
+    if not name or len(name) > MAX_METRIC_NAME_LENGTH:
+        return f"metric names must have 1 to {MAX_METRIC_NAME_LENGTH} characters"
+    if "\x00" in name:
+        return "metric names must not contain NUL characters"
+    return None
+
+
+def _wire_float(value: Any) -> float | str | None:
+    """None stays None (not logged / unknown); anything else via float(), non-finite as strings."""
+    if value is None:
+        return None
+    return encode_float(float(value))
+
+
+def metrics_bodies(records: Iterable[Record], max_rows: int, warn: Warn) -> list[dict[str, Any]]:
+    """Metrics bodies of at most `max_rows` steps each.
+
+    Records of the same step are merged (a later value of a name wins, as on the service); a name
+    not logged at a step is null in that step's row.
+    """
+    rows: dict[int, dict[str, float | str | None]] = {}
+    for record in records:
+        row = rows.setdefault(record.step, {})
+        for name, raw in record.payload.items():
+            problem = metric_name_problem(name)
+            if problem is not None:
+                warn(("metric-name", repr(name)[:300]), "lldmon: dropping metric %r: %s", name, problem)
+                continue
+            try:
+                row[name] = _wire_float(raw)
+            except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
+                warn(
+                    ("metric-value", name, type(raw).__name__),
+                    "lldmon: dropping a value of metric %r (%s is not a number: %s)",
+                    name,
+                    type(raw).__name__,
+                    exc,
+                )
+    steps = [s for s, row in rows.items() if row]
+    bodies = []
+    size = max(1, max_rows)
+    for start in range(0, len(steps), size):
+        chunk = steps[start : start + size]
+        names: dict[str, None] = {}
+        for step in chunk:
+            names.update(dict.fromkeys(rows[step]))
+        metrics = {name: [rows[step].get(name) for step in chunk] for name in names}
+        bodies.append({"batch_id": new_batch_id(), "steps": chunk, "metrics": metrics})
+    return bodies
+
+
+def _as_list(column: Any) -> list[Any] | None:
+    """A column as a list, or None for a scalar (tensors and arrays via `.tolist()`)."""
+    if hasattr(column, "tolist") and not isinstance(column, (str, bytes)):
+        column = column.tolist()
+    if isinstance(column, (str, bytes, bool, int, float)) or column is None:
+        return None
+    return list(column)
+
+
+def _convert(name: str, value: Any) -> Any:
+    if name in INT_COLUMNS:
+        return None if value is None else _int(value)
+    if name in FLOAT_COLUMNS:
+        return _wire_float(value)
+    if name == "is_answer":
+        return bool(value)
+    return str(value)  # source
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError(f"{value!r} is not an integer")
+        return int(value)
+    return int(value)
+
+
+def action_columns(record: Record, warn: Warn) -> dict[str, list[Any]] | None:
+    """The record's columns in wire form (keys `ACTION_COLUMNS`), or None (warned) if malformed."""
+    payload = record.payload
+    unknown = sorted(str(k) for k in payload if k not in ACTION_COLUMNS)
+    if unknown:
+        warn(("action-unknown", tuple(unknown)), "lldmon: log_actions ignores unknown columns %s", unknown)
+    missing = [c for c in REQUIRED_ACTION_COLUMNS if c not in payload]
+    if missing:
+        warn(("action-missing", tuple(missing)), "lldmon: log_actions call dropped: missing %s", missing)
+        return None
+    lists: dict[str, list[Any] | None] = {}
+    try:
+        for name in ACTION_COLUMNS:
+            lists[name] = _as_list(payload[name]) if name in payload else None
+    except (TypeError, ValueError, RuntimeError) as exc:
+        warn(("action-column", type(exc).__name__), "lldmon: log_actions call dropped: %s", exc)
+        return None
+    n = len(lists["traj_index"] or [])
+    lengths = {name: len(col) for name, col in lists.items() if col is not None}
+    bad = {name: length for name, length in lengths.items() if length != n}
+    if bad or any(lists[name] is None for name in REQUIRED_ACTION_COLUMNS):
+        warn(
+            ("action-lengths", tuple(sorted(bad))),
+            "lldmon: log_actions call dropped: columns must be sequences of one length (%s)",
+            lengths,
+        )
+        return None
+    scalar_defaults: dict[str, Any] = {
+        "step": payload.get("step", record.step),
+        "source": payload.get("source", DEFAULT_SOURCE),
+        "old_logp_mean": None,
+        "advantage": None,
+        "reward": None,
+    }
+    out: dict[str, list[Any]] = {}
+    try:
+        for name in ACTION_COLUMNS:
+            column = lists[name]
+            if column is None:
+                out[name] = [_convert(name, scalar_defaults[name])] * n
+            else:
+                out[name] = [_convert(name, v) for v in column]
+    except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
+        warn(("action-value", name), "lldmon: log_actions call dropped: bad value in %r: %s", name, exc)
+        return None
+    return out
+
+
+def actions_bodies(records: Iterable[Record], max_rows: int, warn: Warn) -> list[dict[str, Any]]:
+    """Action bodies of at most `max_rows` records each (a large call is split)."""
+    merged: dict[str, list[Any]] = {name: [] for name in ACTION_COLUMNS}
+    for record in records:
+        columns = action_columns(record, warn)
+        if columns is None:
+            continue
+        for name in ACTION_COLUMNS:
+            merged[name].extend(columns[name])
+    n = len(merged["step"])
+    size = max(1, max_rows)
+    return [
+        {"batch_id": new_batch_id(), **{name: merged[name][i : i + size] for name in ACTION_COLUMNS}}
+        for i in range(0, n, size)
+    ]
+
+
+def build_bodies(records: list[Record], max_rows: int, warn: Warn) -> list[tuple[Kind, dict[str, Any]]]:
+    """All bodies of `records`: metrics first, then actions."""
+    out: list[tuple[Kind, dict[str, Any]]] = []
+    out += [
+        ("metrics", b) for b in metrics_bodies((r for r in records if r.kind == "metrics"), max_rows, warn)
+    ]
+    out += [
+        ("actions", b) for b in actions_bodies((r for r in records if r.kind == "actions"), max_rows, warn)
+    ]
+    return out

@@ -1,0 +1,619 @@
+"""TRL integration: stream GRPO metrics and in-loss likelihood displacement to lldmon.
+
+Usage::
+
+    client = MonitorClient("http://lldmon:8000", "grpo-3b-nq", project="nq")
+    trainer = MonitoredGRPOTrainer(model=..., reward_funcs=..., args=GRPOConfig(...),
+                                   train_dataset=..., tools=[search], lldmon_sink=client)
+    trainer.train()
+    client.close()
+
+Two entry points:
+
+- `LLDMonitorCallback(sink)`: a `transformers.TrainerCallback` for any (GRPO)Trainer. On every log
+  event of the main process it maps TRL's scalars to canonical names (`TRL_TO_CANONICAL`, the one
+  mapping table) and passes every other scalar through under its own name, via
+  `sink.log(state.global_step, metrics)`. Degraded mode: no `lld/*` metrics.
+- `MonitoredGRPOTrainer(GRPOTrainer, lldmon_sink=..., probe_size=..., probe_interval=...)`: adds the
+  likelihood-displacement measurement (`trainer_hooks.likelihood.measure_step`) and the callback.
+
+What MonitoredGRPOTrainer hooks in TRL 1.16 (`trl/trainer/grpo_trainer.py`), and why:
+
+- `GRPOTrainer._get_per_token_logps_and_entropies`: wrapped; while `_compute_loss` runs, its result
+  (the per-token log-probs the loss itself uses) is kept, detached. No second forward pass.
+- `GRPOTrainer._compute_loss`: wrapped; after TRL computed the loss, the micro-batch's log-probs,
+  `old_per_token_logps` (absent when TRL runs on-policy: then old = current, as in TRL), the loss
+  mask `completion_mask * tool_mask` (TRL's multi-turn tool mask: 0 on tool-output tokens; it is
+  built by `_tool_call_loop` for `tools=`/`environment_factory`, and a `rollout_func`'s `env_mask`
+  is renamed to it by `_generate`) and the advantages are queued. The measurement depends only on
+  log-probs, masks and advantages, so every `loss_type` (grpo, dapo, dr_grpo, bnpo, cispo, sapo,
+  ...) and `importance_sampling_level` works alike.
+- `GRPOTrainer._calculate_rewards`: wrapped to keep the per-function rewards; the weighted sum (as
+  TRL logs it) goes into the action records.
+- `GRPOTrainer._generate_and_score_completions`: wrapped; tags each row of the rollout batch with a
+  run-unique trajectory id (`lldmon_traj_id`) and its reward (`lldmon_rewards`), which TRL shuffles
+  and splits together with its own columns, and draws the probe subset.
+- A private `TrainerCallback.on_step_end` (after `optimizer.step()`, `global_step` already
+  incremented): measures the queued micro-batches of the step (one `measure_step` call, or two if
+  the step mixes drifted and non-drifted micro-batches), runs the probe, and queues the results;
+  `on_log` sends them together with TRL's scalars at the same `state.global_step`.
+
+Steps: everything measured for optimizer step k (its micro-batches, its probe) is logged at step k,
+the value of `state.global_step` right after that update, i.e. the step TRL logs its own metrics at.
+With `logging_steps > 1` each optimizer step still gets its own lld values (TRL's are window means).
+
+In-loss deltas, drift and the probe (lld-reference.md section 2):
+
+- A micro-batch *drifts* when an optimizer step happened since its rollout batch was generated.
+  TRL only has old != current then, i.e. only if `steps_per_generation * num_iterations` does not
+  divide `gradient_accumulation_steps` (e.g. `steps_per_generation > gradient_accumulation_steps`
+  or `num_iterations > 1`). Non-drifted micro-batches have D == 0 by construction: they feed the
+  level metrics (`lld/logp_pos`, `lld/logp_neg`, advantage mass, garbled share, turns) but never
+  the delta metrics (`lld/delta_*`, `lld/frac_*_decreased_pos`, `ratio/pos_*`) or the
+  `source="loss"` action records: a structural 0 is not a measurement (and would read as "LLD").
+- Probe: every `probe_interval` optimizer steps, `probe_size` rows of the LAST rollout batch are
+  re-scored under `torch.no_grad` with the just-updated model (one forward, no backward) and
+  compared with their rollout-time log-probs (TRL's `old_per_token_logps`, or, when TRL has none,
+  the loss's own log-probs of those rows, captured before any update): exact post-update deltas,
+  sent as action records with `source="probe"`.
+- Naming decision for the probe's delta metrics: if the in-loss deltas are structurally zero
+  (`in_loss_deltas_structurally_zero`, TRL's default configuration) the probe is the only delta
+  source and uses the canonical names (`lld/delta_traj_pos`, ..., `ratio/pos_mean`, ...). Otherwise
+  the in-loss deltas own the canonical names and the probe's go to `lld/probe/delta_traj_pos`,
+  `lld/probe/frac_traj_decreased_pos`, `ratio/probe/pos_mean`, ... (`probe_metric_name`), so the two
+  estimators never overwrite each other. The probe never emits level metrics (the in-loss ones
+  cover the whole batch).
+- When the deltas are structurally zero and the probe is off, a warning is logged once per
+  trainer (logger `lldmon.trl`) when training starts: no `lld/delta_*` metric will ever arrive.
+
+Metrics the in-loss measurement would duplicate from TRL's own log (reward mean/std, zero-std
+group share, entropy, response length: `trl_measure.TRL_PROVIDED_METRICS`) are taken from TRL only.
+
+Multi-process: the in-loss measurement runs on the main process only and covers its shard of the
+batch (a uniform subsample, no collective ops, so a monitoring failure can never deadlock ranks).
+The probe forward runs on every rank (sharded ZeRO-3/FSDP models need all ranks for a forward),
+only the main process measures and sends. Multimodal rollouts are not probed.
+
+Safety: monitoring never crashes training. Every hook runs TRL's code first and outside any guard;
+the monitoring part runs under a guard that logs the first exception once (logger `lldmon.trl`)
+and switches that part off for the rest of the run (measurement and sending are guarded apart).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+import torch
+from torch import Tensor
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from trl.models.utils import disable_gradient_checkpointing
+from trl.trainer.grpo_trainer import GRPOTrainer
+
+from contracts import metrics as M
+from contracts.metrics import MAX_METRIC_NAME_LENGTH
+from trainer_hooks.trl_measure import (
+    MicroBatch,
+    ProbeBatch,
+    StepAccumulator,
+    StepResult,
+    in_loss_deltas_structurally_zero,
+)
+
+__all__ = [
+    "TRL_TO_CANONICAL",
+    "LLDMonitorCallback",
+    "MetricSink",
+    "MonitoredGRPOTrainer",
+    "map_trl_logs",
+]
+
+logger = logging.getLogger("lldmon.trl")
+
+
+class MetricSink(Protocol):
+    """What the hooks send to: `trainer_hooks.client.MonitorClient`, or any object with these methods.
+
+    Parameters are positional-only here so implementations may name them freely. (The client's
+    `directive` property is not needed by these hooks, so it is not part of the protocol.)
+    """
+
+    def log(self, step: int, metrics: Mapping[str, float], /) -> object:
+        """Queue scalar metrics (canonical or pass-through names) of one step."""
+
+    def log_actions(self, step: int, columns: Mapping[str, Sequence[Any]], /) -> object:
+        """Queue columnar action records (keys `contracts.wire.ACTION_COLUMNS`) of one step."""
+
+    def flush(self, timeout: float, /) -> object:
+        """Block until queued data is sent or `timeout` seconds passed."""
+
+    def close(self) -> object:
+        """Flush and release resources."""
+
+
+if TYPE_CHECKING:
+    from trainer_hooks.client import MonitorClient
+
+    def _client_is_a_sink(client: MonitorClient) -> MetricSink:  # checked by mypy only
+        return client
+
+
+TRL_TO_CANONICAL: Final[Mapping[str, str]] = {
+    # rollouts (GRPOTrainer._generate_and_score_completions)
+    "reward": M.REWARD_MEAN,  # nanmean of the weighted reward sum over all processes
+    "reward_std": M.REWARD_STD,
+    "frac_reward_zero_std": M.ADV_FRAC_ZERO_STD_GROUPS,  # share of groups whose rewards are all equal
+    "completions/mean_length": M.RESPONSE_LENGTH_MEAN,  # counts model tokens only (tool_mask == 1)
+    "completions/clipped_ratio": M.RESPONSE_CLIP_RATIO,  # share of completions cut at max length
+    # loss (GRPOTrainer._compute_loss)
+    "entropy": M.ENTROPY_MEAN,  # mean over loss-mask tokens
+    "kl": M.KL,  # only with beta != 0
+    "clip_ratio/region_mean": M.CLIP_FRAC,  # grpo/bnpo/dr_grpo/dapo/luspo: share of clipped tokens
+    "cispo_clip_ratio": M.CLIP_FRAC,  # cispo's counterpart (never logged together with the above)
+    # optimisation (transformers.Trainer._maybe_log_save_evaluate)
+    "loss": M.LOSS,
+    "grad_norm": M.GRAD_NORM,  # total norm before clipping
+}
+"""TRL GRPOTrainer log key -> canonical metric name (lld-reference.md section 6); the one table.
+
+Every other scalar (learning_rate, epoch, clip_ratio/low_mean, rewards/<func>/mean, tools/*,
+eval_* keys, train_runtime, ...) passes through under its own name. One metric is derived:
+`search/valid_per_traj` = `tools/call_frequency` * (1 - `tools/failure_frequency`), the mean number
+of tool calls per trajectory that did not fail (TRL logs calls per trajectory and failures per call).
+"""
+
+
+def _as_float(value: object) -> float | None:
+    """A real scalar as float (bool, int, float, numpy scalar, 0-d tensor); None for anything else."""
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        return float(value.item())
+    item = getattr(value, "item", None)
+    if callable(item) and getattr(value, "shape", None) == ():
+        try:
+            out = item()
+        except (TypeError, ValueError):
+            return None
+        return float(out) if isinstance(out, numbers.Real) else None
+    return None
+
+
+def map_trl_logs(logs: Mapping[str, object]) -> dict[str, float]:
+    """Canonical-name metrics from one TRL/transformers `logs` dict.
+
+    Keys in `TRL_TO_CANONICAL` are renamed, other scalar keys pass through unchanged; non-scalars
+    (None, strings, lists) and names longer than `MAX_METRIC_NAME_LENGTH` are dropped. NaN and inf
+    are kept (they are collapse signals). Adds the derived `search/valid_per_traj`.
+    """
+    out: dict[str, float] = {}
+    for key, raw in logs.items():
+        value = _as_float(raw)
+        if value is None or not key:
+            continue
+        name = TRL_TO_CANONICAL.get(key, key)
+        if len(name) > MAX_METRIC_NAME_LENGTH:
+            continue
+        out[name] = value
+    calls, failures = out.get("tools/call_frequency"), out.get("tools/failure_frequency")
+    if calls is not None and failures is not None:
+        out[M.SEARCH_VALID_PER_TRAJ] = calls * (1.0 - failures)
+    return out
+
+
+class _Guard:
+    """Runs monitoring code; the first exception is logged once and switches the guarded part off."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.enabled = True
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        try:
+            yield
+        except Exception:
+            if self.enabled:
+                logger.warning(
+                    "lldmon: %s failed; it is switched off for the rest of this run (training continues)",
+                    self.what,
+                    exc_info=True,
+                )
+            self.enabled = False
+
+
+class LLDMonitorCallback(TrainerCallback):
+    """Send TRL's logged scalars, under canonical names, to a `MetricSink` (main process only).
+
+    Args:
+        sink: a `trainer_hooks.client.MonitorClient` or any `MetricSink`.
+        flush_timeout: seconds `on_train_end` waits in `sink.flush`; the sink is not closed (the
+            caller owns it).
+    """
+
+    def __init__(self, sink: MetricSink, *, flush_timeout: float = 30.0) -> None:
+        self.sink = sink
+        self.flush_timeout = flush_timeout
+        self._send_guard = _Guard("sending metrics to the lldmon sink")
+
+    # Extra data to send with a log event; MonitoredGRPOTrainer's callback overrides these.
+    def _pending_metrics(self, step: int, final: bool) -> dict[int, dict[str, float]]:
+        return {}
+
+    def _pending_actions(self, step: int, final: bool) -> list[tuple[int, dict[str, list[Any]]]]:
+        return []
+
+    def _send(self, step: int, logs: Mapping[str, object] | None, final: bool) -> None:
+        if not self._send_guard.enabled:
+            return
+        with self._send_guard():
+            by_step = self._pending_metrics(step, final)
+            current = by_step.pop(step, {})
+            if logs is not None:
+                current.update(map_trl_logs(logs))  # TRL's names never collide with the measured ones
+            for s in sorted(by_step):
+                if by_step[s]:
+                    self.sink.log(s, by_step[s])
+            if current:
+                self.sink.log(step, current)
+            for s, columns in self._pending_actions(step, final):
+                if columns["step"]:
+                    self.sink.log_actions(s, columns)
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, object] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if state.is_world_process_zero:
+            self._send(state.global_step, logs or {}, final=False)
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if not state.is_world_process_zero:
+            return
+        self._send(state.global_step, None, final=True)
+        if self._send_guard.enabled:
+            with self._send_guard():
+                self.sink.flush(self.flush_timeout)
+
+
+class _MonitoredCallback(LLDMonitorCallback):
+    """LLDMonitorCallback that also drives and drains a MonitoredGRPOTrainer's measurement."""
+
+    def __init__(self, trainer: MonitoredGRPOTrainer, sink: MetricSink, *, flush_timeout: float) -> None:
+        super().__init__(sink, flush_timeout=flush_timeout)
+        self._trainer = trainer
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._trainer._lldmon_check_config()
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._trainer._lldmon_step_end(state.global_step)
+
+    def _pending_metrics(self, step: int, final: bool) -> dict[int, dict[str, float]]:
+        return self._trainer._lldmon_drain_metrics(step, final)
+
+    def _pending_actions(self, step: int, final: bool) -> list[tuple[int, dict[str, list[Any]]]]:
+        return self._trainer._lldmon_drain_actions(step, final)
+
+
+_MULTIMODAL_KEYS: Final = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
+
+
+class MonitoredGRPOTrainer(GRPOTrainer):
+    """`trl.GRPOTrainer` that measures likelihood displacement from the loss's own log-probs.
+
+    Takes every `GRPOTrainer` argument, plus (keyword-only):
+
+    Args:
+        lldmon_sink: where to send metrics and action records (`MonitorClient` or any
+            `MetricSink`); None switches all monitoring off (plain GRPOTrainer, no overhead).
+        probe_size: rows of the last rollout batch re-scored after an update (0: probe off).
+        probe_interval: probe every this many optimizer steps (0: probe off). The default (8 rows
+            every 5 steps) is one no-grad forward over 8 sequences per 5 optimizer steps, each of
+            which trains (forward + backward) on every sequence of its batch; LLD phases span tens
+            of steps ([LLD] Fig. 2). `benchmarks/hooks.py` measures the cost.
+        max_action_records: cap on action records per step and source (uniform subsample).
+        lld_eps: decrease threshold: an action/trajectory counts as decreased when D < lld_eps.
+        probe_seed: seed of the probe's row sampling (its own CPU generator; TRL's RNG is untouched).
+        flush_timeout: seconds to wait for the sink at the end of training.
+
+    The measurement's cost: per micro-batch, a detached copy of the (b, T) log-probs; per
+    optimizer step, one or two vectorised `measure_step` calls with a constant number of host
+    syncs; per probe step, one no-grad forward over `probe_size` rows.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        lldmon_sink: MetricSink | None = None,
+        probe_size: int = 8,
+        probe_interval: int = 5,
+        max_action_records: int = 256,
+        lld_eps: float = 0.0,
+        probe_seed: int = 0,
+        flush_timeout: float = 30.0,
+        **kwargs: Any,
+    ) -> None:
+        if probe_size < 0 or probe_interval < 0 or max_action_records < 0:
+            raise ValueError("probe_size, probe_interval and max_action_records must be >= 0")
+        super().__init__(*args, **kwargs)
+        self.lldmon_sink = lldmon_sink
+        self.lldmon_probe_size = probe_size
+        self.lldmon_probe_interval = probe_interval
+        self.lldmon_max_action_records = max_action_records
+        self.lldmon_eps = lld_eps
+        self._lldmon_measure_guard = _Guard("lldmon likelihood measurement")
+        self._lldmon_probe_guard = _Guard("lldmon post-update probe")
+        self._lldmon_warned_zero = False
+        self._lldmon_acc = StepAccumulator(
+            eps=lld_eps, clip_eps=float(self.epsilon_low), max_action_records=max_action_records
+        )
+        self._lldmon_capture: list[Tensor] | None = None
+        self._lldmon_rewards_per_func: Tensor | None = None
+        self._lldmon_rollout_version = -1
+        self._lldmon_rollouts = 0
+        self._lldmon_probe: ProbeBatch | None = None
+        self._lldmon_probe_gen = torch.Generator(device="cpu").manual_seed(probe_seed)
+        self._lldmon_metrics: dict[int, dict[str, float]] = {}
+        self._lldmon_actions: list[tuple[int, dict[str, list[Any]]]] = []
+        self._lldmon_callback: _MonitoredCallback | None = None
+        if lldmon_sink is not None:
+            self._lldmon_callback = _MonitoredCallback(self, lldmon_sink, flush_timeout=flush_timeout)
+            self.add_callback(self._lldmon_callback)
+
+    # ------------------------------------------------------------------------------------------
+    # configuration
+
+    @property
+    def lldmon_active(self) -> bool:
+        """Whether the in-loss measurement is on (a sink is set and no failure switched it off)."""
+        return self.lldmon_sink is not None and self._lldmon_measure_guard.enabled
+
+    @property
+    def lldmon_probe_enabled(self) -> bool:
+        return (
+            self.lldmon_sink is not None
+            and self.lldmon_probe_size > 0
+            and self.lldmon_probe_interval > 0
+            and self._lldmon_probe_guard.enabled
+        )
+
+    @property
+    def lldmon_in_loss_deltas_zero(self) -> bool:
+        """True when TRL's schedule makes every in-loss delta exactly 0 (see the module docstring)."""
+        args: Any = self.args  # a GRPOConfig
+        return in_loss_deltas_structurally_zero(
+            int(args.gradient_accumulation_steps), int(args.steps_per_generation), int(self.num_iterations)
+        )
+
+    def _lldmon_check_config(self) -> None:
+        args: Any = self.args
+        if (
+            self.lldmon_sink is not None
+            and self.lldmon_in_loss_deltas_zero
+            and not self.lldmon_probe_enabled
+            and not self._lldmon_warned_zero
+        ):
+            self._lldmon_warned_zero = True
+            logger.warning(
+                "lldmon: in-loss likelihood deltas are structurally zero with gradient_accumulation_steps=%d, "
+                "steps_per_generation=%d, num_iterations=%d (TRL uses old == current log-probs), and the "
+                "post-update probe is off (probe_size=%d, probe_interval=%d): no lld/delta_* metric will be "
+                "reported. Set probe_size and probe_interval > 0, or steps_per_generation > "
+                "gradient_accumulation_steps, or num_iterations > 1.",
+                args.gradient_accumulation_steps,
+                args.steps_per_generation,
+                self.num_iterations,
+                self.lldmon_probe_size,
+                self.lldmon_probe_interval,
+            )
+
+    def _lldmon_is_main(self) -> bool:
+        return bool(self.accelerator.is_main_process)
+
+    def _lldmon_training(self) -> bool:
+        model: Any = self.model
+        return bool(model.training)
+
+    # ------------------------------------------------------------------------------------------
+    # TRL hooks (TRL's own code always runs first and unguarded)
+
+    def _calculate_rewards(
+        self, inputs: Any, prompts: Any, completions: Any, completion_ids_list: Any
+    ) -> Any:
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._lldmon_rewards_per_func = rewards_per_func if isinstance(rewards_per_func, Tensor) else None
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs: Any) -> Any:
+        output = super()._generate_and_score_completions(inputs)
+        rewards_per_func, self._lldmon_rewards_per_func = self._lldmon_rewards_per_func, None
+        if self.lldmon_sink is None or not self._lldmon_training():
+            return output
+        if not (self._lldmon_measure_guard.enabled or self.lldmon_probe_enabled):
+            return output
+        with self._lldmon_measure_guard():
+            self._lldmon_tag_rollout(output, rewards_per_func)
+        return output
+
+    def _lldmon_tag_rollout(self, output: dict[str, Any], rewards_per_func: Tensor | None) -> None:
+        completion_ids: Tensor = output["completion_ids"]
+        batch, device = completion_ids.shape[0], completion_ids.device
+        world, rank = int(self.accelerator.num_processes), int(self.accelerator.process_index)
+        first = (self._lldmon_rollouts * world + rank) * batch
+        self._lldmon_rollouts += 1
+        traj_id = torch.arange(first, first + batch, dtype=torch.int64, device=device)
+        output["lldmon_traj_id"] = traj_id
+        rewards = self._lldmon_local_rewards(rewards_per_func, batch, rank)
+        if rewards is not None:
+            output["lldmon_rewards"] = rewards
+        self._lldmon_rollout_version = int(self.state.global_step)
+
+        self._lldmon_probe = None
+        if self.lldmon_probe_enabled and not any(key in output for key in _MULTIMODAL_KEYS):
+            with self._lldmon_probe_guard():
+                mask = output["completion_mask"]
+                if "tool_mask" in output:
+                    mask = mask * output["tool_mask"]
+                self._lldmon_probe = ProbeBatch.select(
+                    prompt_ids=output["prompt_ids"],
+                    prompt_mask=output["prompt_mask"],
+                    completion_ids=completion_ids,
+                    completion_mask=output["completion_mask"],
+                    loss_mask=mask,
+                    advantages=output["advantages"],
+                    rewards=rewards,
+                    traj_id=traj_id,
+                    old_logp=output.get("old_per_token_logps"),
+                    size=self.lldmon_probe_size,
+                    generator=self._lldmon_probe_gen,
+                )
+
+    def _lldmon_local_rewards(self, rewards_per_func: Tensor | None, batch: int, rank: int) -> Tensor | None:
+        """This process's rewards, weighted and summed over reward functions as TRL logs them."""
+        if rewards_per_func is None or rewards_per_func.dim() != 2:
+            return None
+        weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
+        rewards = (rewards_per_func * weights).nansum(dim=1)
+        rewards = torch.where(
+            torch.isnan(rewards_per_func).all(dim=1), torch.full_like(rewards, math.nan), rewards
+        )
+        local = rewards[rank * batch : (rank + 1) * batch]
+        return local if local.shape[0] == batch else None
+
+    def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> Any:
+        result = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        if self._lldmon_capture is not None and isinstance(result, tuple) and isinstance(result[0], Tensor):
+            self._lldmon_capture.append(result[0])
+        return result
+
+    def _compute_loss(self, model: Any, inputs: Any) -> Any:
+        wanted = self.lldmon_active or self._lldmon_probe is not None
+        if not (wanted and self._lldmon_training() and "lldmon_traj_id" in inputs):
+            return super()._compute_loss(model, inputs)  # type: ignore[no-untyped-call]
+        captured: list[Tensor] = []
+        self._lldmon_capture = captured
+        try:
+            loss = super()._compute_loss(model, inputs)  # type: ignore[no-untyped-call]
+        finally:
+            self._lldmon_capture = None
+        if captured:
+            self._lldmon_collect(inputs, captured[0])
+        return loss
+
+    def _lldmon_collect(self, inputs: Mapping[str, Any], logp: Tensor) -> None:
+        """Fill the probe's rollout-time log-probs, and queue the micro-batch (main process)."""
+        new = logp.detach()
+        traj_id: Tensor = inputs["lldmon_traj_id"]
+        old_in: Tensor | None = inputs.get("old_per_token_logps")
+        probe = self._lldmon_probe
+        if old_in is None and probe is not None and self._lldmon_probe_guard.enabled:
+            with self._lldmon_probe_guard():
+                probe.capture(traj_id, new)
+        if self._lldmon_measure_guard.enabled and self._lldmon_is_main():
+            with self._lldmon_measure_guard():
+                self._lldmon_accumulate(inputs, new, traj_id, old_in)
+
+    def _lldmon_accumulate(
+        self, inputs: Mapping[str, Any], new: Tensor, traj_id: Tensor, old_in: Tensor | None
+    ) -> None:
+        mask = inputs["completion_mask"]
+        if "tool_mask" in inputs:
+            mask = mask * inputs["tool_mask"]
+        drift = old_in is not None and int(self.state.global_step) > self._lldmon_rollout_version
+        new_copy = new.clone()
+        self._lldmon_acc.add(
+            MicroBatch(
+                new_logp=new_copy,
+                old_logp=old_in.detach() if old_in is not None else new_copy,
+                mask=mask.detach(),
+                advantages=inputs["advantages"].detach(),
+                rewards=inputs.get("lldmon_rewards"),
+                traj_id=traj_id,
+                drift=drift,
+            )
+        )
+
+    # ------------------------------------------------------------------------------------------
+    # after the optimizer step (private callback, on every process)
+
+    def _lldmon_step_end(self, step: int) -> None:
+        if self.lldmon_sink is None:
+            return
+        if self._lldmon_measure_guard.enabled and self._lldmon_is_main():
+            with self._lldmon_measure_guard():
+                self._lldmon_queue(step, self._lldmon_acc.finish(step))
+        self._lldmon_acc.clear()
+        if (
+            self.lldmon_probe_enabled
+            and step % self.lldmon_probe_interval == 0
+            and self._lldmon_probe is not None
+        ):
+            with self._lldmon_probe_guard():
+                self._lldmon_run_probe(step, self._lldmon_probe)
+
+    def _lldmon_run_probe(self, step: int, probe: ProbeBatch) -> None:
+        model: Any = self.model
+        args: Any = self.args
+        with torch.no_grad(), disable_gradient_checkpointing(model, args.gradient_checkpointing_kwargs):
+            new, _, _ = super()._get_per_token_logps_and_entropies(
+                model,
+                probe.input_ids,
+                probe.attention_mask,
+                probe.logits_to_keep,
+                batch_size=self.args.per_device_train_batch_size,
+            )
+        if self._lldmon_is_main():
+            result = probe.measure(
+                new.float(),
+                step=step,
+                canonical_names=self.lldmon_in_loss_deltas_zero,
+                eps=self.lldmon_eps,
+                clip_eps=float(self.epsilon_low),
+                max_action_records=self.lldmon_max_action_records,
+            )
+            self._lldmon_queue(step, result)
+
+    def _lldmon_queue(self, step: int, result: StepResult | None) -> None:
+        if result is None:
+            return
+        if result.metrics:
+            self._lldmon_metrics.setdefault(step, {}).update(result.metrics)
+        if result.actions is not None and result.actions["step"]:
+            self._lldmon_actions.append((step, result.actions))
+
+    def _lldmon_drain_metrics(self, step: int, final: bool) -> dict[int, dict[str, float]]:
+        ready = {s: m for s, m in self._lldmon_metrics.items() if final or s <= step}
+        for s in ready:
+            del self._lldmon_metrics[s]
+        return ready
+
+    def _lldmon_drain_actions(self, step: int, final: bool) -> list[tuple[int, dict[str, list[Any]]]]:
+        ready = [(s, a) for s, a in self._lldmon_actions if final or s <= step]
+        self._lldmon_actions = [(s, a) for s, a in self._lldmon_actions if not (final or s <= step)]
+        return ready
