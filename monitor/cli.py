@@ -386,6 +386,35 @@ def sync(
         raise typer.Exit(1)
 
 
+@app.command("eval")
+def evaluate_detector(
+    collapse: Annotated[int, typer.Option(help="Generated collapse runs.")] = 20,
+    controls: Annotated[int, typer.Option(help="Generated healthy and noisy-stagnant runs (each).")] = 10,
+    seed: Annotated[int, typer.Option()] = 0,
+    real_runs: Annotated[
+        Path | None, typer.Option(help="Folder of real logs used as controls (shared/datasets/real_runs).")
+    ] = None,
+    per_run: Annotated[bool, typer.Option(help="Print one row per run.")] = False,
+    check: Annotated[bool, typer.Option(help="Exit 1 if a target is missed.")] = False,
+) -> None:
+    """Run the detector over labelled runs: lead time, detection delay, false alarms, targets."""
+    from monitor.detector.scenarios import scenario_suite
+    from monitor.evaluation import LabelledRun, evaluate, render
+    from monitor.evaluation import real_runs as load_real_runs
+
+    runs = [LabelledRun.from_scenario(s) for s in scenario_suite(collapse, controls, seed)]
+    if real_runs is not None:
+        if not real_runs.is_dir():
+            console.print(f"[red]error:[/red] {real_runs} is not a directory")
+            raise typer.Exit(2)
+        runs += load_real_runs(real_runs)
+    with console.status(f"evaluating {len(runs)} runs"):
+        report = evaluate(runs)
+    typer.echo(render(report, per_run=per_run))
+    if check and not report.all_met:
+        raise typer.Exit(1)
+
+
 def _redact(url: str) -> str:
     from sqlalchemy.engine import make_url
 

@@ -65,7 +65,14 @@ class LabelledRun:
 
     @classmethod
     def from_log(cls, name: str, log: ParsedLog, group: str = "real", collapses: bool = False) -> LabelledRun:
-        return cls(name=name, group=group, steps=log.steps, values=log.values, present=log.present, collapses=collapses)
+        return cls(
+            name=name,
+            group=group,
+            steps=log.steps,
+            values=log.values,
+            present=log.present,
+            collapses=collapses,
+        )
 
 
 @dataclass(frozen=True)
@@ -137,7 +144,9 @@ class EvaluationReport:
 def score_run(run: LabelledRun, result: OfflineResult) -> RunReport:
     label = run.collapse_step
     if label is None and run.collapses:
-        label = reward_collapse_step(run.steps, run.values.get(M.REWARD_MEAN, np.full(run.steps.size, np.nan)))
+        label = reward_collapse_step(
+            run.steps, run.values.get(M.REWARD_MEAN, np.full(run.steps.size, np.nan))
+        )
     first_alert = result.first(LLD_DECAY, LLD_COLLAPSE)
     first_collapse = result.first(LLD_COLLAPSE)
     lead = None if label is None or first_alert is None else label - first_alert
@@ -191,9 +200,21 @@ def check_targets(reports: Sequence[RunReport]) -> list[TargetCheck]:
         leads = [r.lead_time if r.lead_time is not None else -(10**6) for r in hooked]
         med = statistics.median(leads)
         caught = sum(r.caught_before_crash for r in hooked)
-        checks.append(TargetCheck("median lead time, collapse runs with hooks", f"{med:g}", f">= {LEAD_TARGET}", med >= LEAD_TARGET))
         checks.append(
-            TargetCheck("caught before the reward collapse, with hooks", f"{caught}/{len(hooked)}", "all", caught == len(hooked))
+            TargetCheck(
+                "median lead time, collapse runs with hooks",
+                f"{med:g}",
+                f">= {LEAD_TARGET}",
+                med >= LEAD_TARGET,
+            )
+        )
+        checks.append(
+            TargetCheck(
+                "caught before the reward collapse, with hooks",
+                f"{caught}/{len(hooked)}",
+                "all",
+                caught == len(hooked),
+            )
         )
     degraded = [r for r in reports if r.collapses and r.degraded]
     if degraded:
@@ -256,7 +277,19 @@ def render(report: EvaluationReport, per_run: bool = True) -> str:
     lines: list[str] = []
     if per_run:
         lines += _table(
-            ["run", "group", "steps", "mode", "crash", "alert", "collapse", "lead", "delay", "critical", "warnings"],
+            [
+                "run",
+                "group",
+                "steps",
+                "mode",
+                "crash",
+                "alert",
+                "collapse",
+                "lead",
+                "delay",
+                "critical",
+                "warnings",
+            ],
             [
                 [
                     r.name,
@@ -276,7 +309,20 @@ def render(report: EvaluationReport, per_run: bool = True) -> str:
         )
         lines.append("")
     lines += _table(
-        ["group", "runs", "collapsing", "caught<crash", "lead med", "lead min", "delay med", "delay max", "missed", "false alarms", "decay warn (controls)", "warnings"],
+        [
+            "group",
+            "runs",
+            "collapsing",
+            "caught<crash",
+            "lead med",
+            "lead min",
+            "delay med",
+            "delay max",
+            "missed",
+            "false alarms",
+            "decay warn (controls)",
+            "warnings",
+        ],
         [
             [
                 g.group,
@@ -304,8 +350,16 @@ def render(report: EvaluationReport, per_run: bool = True) -> str:
 
 
 REAL_RUNS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("verl-gsm8k-qwen2.5-0.5b-ppo", "verl", ("verl_data_gsm8k_ppo/Qwen2.5-0.5B-bsz256_2-prompt1024-resp512-0.567.log",)),
-    ("verl-gsm8k-gemma-2-2b-ppo", "verl", ("verl_data_gsm8k_ppo/gemma-2-2b-it-ppo-bsz512_4-prompt1024-resp-512-0.640.log",)),
+    (
+        "verl-gsm8k-qwen2.5-0.5b-ppo",
+        "verl",
+        ("verl_data_gsm8k_ppo/Qwen2.5-0.5B-bsz256_2-prompt1024-resp512-0.567.log",),
+    ),
+    (
+        "verl-gsm8k-gemma-2-2b-ppo",
+        "verl",
+        ("verl_data_gsm8k_ppo/gemma-2-2b-it-ppo-bsz512_4-prompt1024-resp-512-0.640.log",),
+    ),
     (
         "searchr1-grpo-qwen2.5-3b",
         "verl",

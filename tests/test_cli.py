@@ -118,3 +118,12 @@ def test_serve_refuses_outdated_postgres(tmp_path: Path) -> None:
         assert "lldmon db upgrade" in result.output
     finally:
         drop_postgres_database(url)
+
+
+def test_eval_reports_targets() -> None:
+    result = runner.invoke(app, ["eval", "--collapse", "2", "--controls", "1", "--check"])
+    assert result.exit_code == 0, result.output
+    assert "median lead time, collapse runs with hooks" in result.output
+    assert "collapse findings / critical flags on controls" in result.output
+    missing = runner.invoke(app, ["eval", "--collapse", "1", "--controls", "0", "--real-runs", "/nonexistent"])
+    assert missing.exit_code == 2

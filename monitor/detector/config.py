@@ -46,7 +46,7 @@ class DetectorConfig:
     """Share of the trend window with `lld/delta_traj_pos` < 0 (D_traj <= eps on correct responses is the
     LLD definition, lld-reference.md section 2); 24 of 30 has p = 0.0007 under a fair coin."""
     accel_window: int = 10
-    """Short window for the phase-III likelihood slope ([LLD] Fig. 2: the sharp drop takes ~10-20 steps)."""
+    """Short window for the phase-III likelihood slope ([LLD] Fig. 2: the sharp drop takes ~10-20 steps; the scenarios use an exponential with a 5-12 step time scale)."""
     accel_ratio: float = 3.0
     """Phase III: the short-window slope is this many times steeper than the preceding trend ([LLD]:
     "accelerated collapse" after a "slow, consistent decline")."""
@@ -64,15 +64,16 @@ class DetectorConfig:
     surge_z: float = 4.0
     """Robust z (log scale, MAD of the baseline) a surge must also exceed."""
     grad_surge_ratio: float = 5.0
-    """Median of the recent grad norms / baseline median. Real logs: the healthy GSM8K Qwen run has
-    clusters of spikes whose 5-point median reaches 2.7x its baseline (steps 30-35); [LLD] Fig. 3 shows an
-    explosion of an order of magnitude or more."""
+    """Median of the recent grad norms / baseline median. Real logs: at most 2.9x (the healthy GSM8K Qwen
+    run, whose spike clusters at steps 25-90 lift its 5-point median), 2.2-2.3x on Search-R1, 2.0x on TRL
+    FinQA; [LLD] Fig. 3 shows an explosion of an order of magnitude or more."""
     grad_idle_ratio: float = 0.05
     """Grad norms below this share of the baseline's 75th percentile are idle steps (every group had zero
     reward variance) and are left out. Real logs: Search-R1 idle steps log 0.001-0.003 against 0.1-0.9;
     TRL FinQA logs exactly 0 on 59 % of its steps."""
     entropy_surge_ratio: float = 1.5
-    """Median of the recent entropies / baseline median ([LLD] section 3: entropy surges in phase III)."""
+    """Median of the recent entropies / baseline median ([LLD] section 3: entropy surges in phase III).
+    Real logs: <= 1.3x, except TRL FinQA whose spiky entropy reaches 10x but with a robust z <= 2.1."""
     entropy_eps: float = 1e-3
     """Added before taking logs of the entropy (TRL FinQA logs entropies of 0.000)."""
 
@@ -86,8 +87,10 @@ class DetectorConfig:
     reward_floor: float = 0.0
     """The reward's "zero" (0 for the 0/1 exact-match rewards of Search-R1)."""
     reward_crash_z: float = 6.0
-    """A crash on its own must also be this many reward-noise SDs below the peak. Real logs: the noisy
-    Search-R1 runs and TRL FinQA (per-step rewards from 0 to the maximum) reach at most ~3.6."""
+    """A crash on its own must also be this many reward-noise SDs (around the Theil-Sen trend of the
+    baseline window) below the baseline median. Real logs: at most 1.8 (TRL FinQA; Search-R1 1.6-1.75,
+    with smoothed rewards often below half their peak); scenarios: median 9, min 5.3 at the labelled
+    crash (the 2 smoothing steps after it add more)."""
     reward_corroborated_z: float = 3.0
     """A half-peak drop with a grad-norm or entropy surge needs only this many noise SDs."""
 

@@ -17,8 +17,8 @@ from monitor.detector.signals import HOOK_METRICS, USED_METRICS, History, Signal
 from monitor.detector.state import DetectorState
 from monitor.detector.types import (
     BoolArray,
-    FloatArray,
     Finding,
+    FloatArray,
     IntArray,
     PhaseChange,
     SeriesWindow,
@@ -128,8 +128,8 @@ class FindingSpan:
 @dataclass(frozen=True)
 class OfflineResult:
     steps: IntArray
-    phases: list[str]
-    """Phase after each point."""
+    phases: npt.NDArray[np.str_]
+    """Phase after each point (aligned with `steps`)."""
     phase_changes: list[PhaseChange]
     findings: list[FindingSpan]
     state: DetectorState
@@ -194,12 +194,14 @@ def detect_offline(
     spans.sort(key=lambda s: (s.first_step, s.kind))
     return OfflineResult(
         steps=full.steps,
-        phases=phase_list,
+        phases=np.array(phase_list, dtype=np.str_),
         phase_changes=changes,
         findings=spans,
         state=state if state is not None else DetectorState(),
         degraded=not any(
-            int(np.isfinite(full.values[m]).sum()) >= cfg.trend_window // 2 for m in HOOK_METRICS if m in full.values
+            int(np.isfinite(full.values[m]).sum()) >= cfg.trend_window // 2
+            for m in HOOK_METRICS
+            if m in full.values
         ),
     )
 

@@ -5,6 +5,11 @@ flags are the signatures users report at the end of a collapse (lld-reference.md
 sustained condition (median of `terminal_window` points) except non-finite grad norm / loss, which fire on
 a single logged value and stay active until `nonfinite_clear` finite values follow. Entropy collapse and
 advantage collapse are separate diagnoses (warnings) with their own hysteresis.
+
+Decision on the real TRL FinQA log (flat reward, 50-70 % of groups with zero reward std for 2400 steps):
+the `advantage_collapse` warning fires there, and that is wanted. More than half of every batch carries
+no advantage and hence no policy gradient, which is why that run stagnates; the warning names the cause
+(the remedy is dynamic sampling / harder prompts, not LLDS). It is a warning, never a collapse.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import numpy as np
 from contracts import metrics as M
 from monitor.detector import stats
 from monitor.detector.config import DetectorConfig
+from monitor.detector.phases import PHASE_SIGNALS
 from monitor.detector.signals import (
     DEGRADED_EXPLANATION,
     History,
@@ -86,42 +92,75 @@ def _baseline(h: History, metric: str, cfg: DetectorConfig, absolute: bool = Fal
     if v is None:
         return float("nan")
     n = v.size
-    ref = stats.finite(v[max(0, n - cfg.terminal_window - cfg.baseline_window) : max(0, n - cfg.terminal_window)])
+    ref = stats.finite(
+        v[max(0, n - cfg.terminal_window - cfg.baseline_window) : max(0, n - cfg.terminal_window)]
+    )
     if ref.size < cfg.min_baseline_points:
         return float("nan")
     return stats.fast_median(np.abs(ref) if absolute else ref)
 
 
 def _median_rule(
-    h: History, name: str, metric: str, cfg: DetectorConfig, threshold: float, direction: str
+    h: History,
+    name: str,
+    metric: str,
+    cfg: DetectorConfig,
+    threshold: float,
+    direction: str,
+    baseline: float | None = None,
 ) -> Indicator:
     """The median of the last `terminal_window` points is >= threshold ("above") or < it ("below")."""
     med, count = _median_tail(h, metric, cfg.terminal_window)
     if count < cfg.terminal_window // 2 + 1:
         return off(name, metric)
     fired = med >= threshold if direction == "above" else med < threshold
-    detail = {"direction": direction, "statistic_is": "median of recent points"}
+    detail: dict[str, Any] = {"direction": direction, "statistic_is": "median of recent points"}
+    if baseline is not None:
+        detail["baseline"] = num(baseline)
     return Indicator(name, bool(fired), metric, num(med), num(threshold), cfg.terminal_window, detail)
+
+
+def _held_baseline(
+    h: History, kind: str, metric: str, cfg: DetectorConfig, state: DetectorState, absolute: bool = False
+) -> float:
+    """The rolling baseline median, or, while `kind` is active, the baseline it was raised against (so a
+    lasting collapse is not absorbed into its own baseline)."""
+    record = state.active.get(kind)
+    if record is not None:
+        held = record["evidence"].get("baseline")
+        if isinstance(held, (int, float)):
+            return float(held)
+    return _baseline(h, metric, cfg, absolute)
 
 
 def terminal_indicators(h: History, cfg: DetectorConfig, state: DetectorState) -> dict[str, Indicator]:
     """Sustained terminal signatures at the current point (non-finite values are handled by latches)."""
     out: dict[str, Indicator] = {REWARD_ZERO: reward_zero(h, cfg, state.reward_peak)}
-    base_len = _baseline(h, M.RESPONSE_LENGTH_MEAN, cfg)
+    base_len = _held_baseline(h, LENGTH_COLLAPSE, M.RESPONSE_LENGTH_MEAN, cfg, state)
     if math.isfinite(base_len) and base_len > 0:
         out[LENGTH_COLLAPSE] = _median_rule(
-            h, LENGTH_COLLAPSE, M.RESPONSE_LENGTH_MEAN, cfg, cfg.length_collapse_ratio * base_len, "below"
+            h,
+            LENGTH_COLLAPSE,
+            M.RESPONSE_LENGTH_MEAN,
+            cfg,
+            cfg.length_collapse_ratio * base_len,
+            "below",
+            base_len,
         )
     out[CLIP_RATIO_SATURATED] = _median_rule(
         h, CLIP_RATIO_SATURATED, M.RESPONSE_CLIP_RATIO, cfg, cfg.clip_ratio_saturated, "above"
     )
     high = _median_rule(h, RATIO_BLOWUP, M.RATIO_POS_MEAN, cfg, cfg.ratio_high, "above")
-    out[RATIO_BLOWUP] = high if high.fired else _median_rule(h, RATIO_BLOWUP, M.RATIO_POS_MEAN, cfg, cfg.ratio_low, "below")
-    base_kl = _baseline(h, M.KL, cfg, absolute=True)
+    out[RATIO_BLOWUP] = (
+        high if high.fired else _median_rule(h, RATIO_BLOWUP, M.RATIO_POS_MEAN, cfg, cfg.ratio_low, "below")
+    )
+    base_kl = _held_baseline(h, KL_BLOWUP, M.KL, cfg, state, absolute=True)
     kl_limit = cfg.kl_blowup_abs
     if math.isfinite(base_kl):
         kl_limit = max(kl_limit, cfg.kl_blowup_factor * base_kl)
-    out[KL_BLOWUP] = _median_rule(h, KL_BLOWUP, M.KL, cfg, kl_limit, "above")
+    out[KL_BLOWUP] = _median_rule(
+        h, KL_BLOWUP, M.KL, cfg, kl_limit, "above", base_kl if math.isfinite(base_kl) else None
+    )
     out[GARBLED_OUTPUTS] = _median_rule(h, GARBLED_OUTPUTS, M.GARBLED_FRAC, cfg, cfg.garbled_max, "above")
     return out
 
@@ -162,8 +201,13 @@ def _latch_nonfinite(
         return Condition(
             kind,
             MESSAGES[kind],
-            {"metric": metric, "value": "nan" if value != value else ("inf" if value > 0 else "-inf"),
-             "statistic": None, "threshold": None, "window": 1},
+            {
+                "metric": metric,
+                "value": "nan" if value != value else ("inf" if value > 0 else "-inf"),
+                "statistic": None,
+                "threshold": None,
+                "window": 1,
+            },
         )
     if not active:
         return None
@@ -173,7 +217,9 @@ def _latch_nonfinite(
         state.counters.pop(key, None)
         return None
     previous = state.active[kind]
-    return Condition(kind, previous["message"], dict(previous["evidence"], finite_since=state.counters.get(key, 0)))
+    return Condition(
+        kind, previous["message"], dict(previous["evidence"], finite_since=state.counters.get(key, 0))
+    )
 
 
 def _hysteresis(state: DetectorState, kind: str, condition: bool, clear: bool, confirm: int) -> bool:
@@ -187,9 +233,7 @@ def _hysteresis(state: DetectorState, kind: str, condition: bool, clear: bool, c
     return state.counters[off_key] < confirm
 
 
-def diagnoses(
-    h: History, sig: Signals, cfg: DetectorConfig, state: DetectorState
-) -> list[Condition]:
+def diagnoses(h: History, sig: Signals, cfg: DetectorConfig, state: DetectorState) -> list[Condition]:
     """Entropy collapse and advantage collapse (warnings)."""
     out: list[Condition] = []
     # entropy collapse: smoothed entropy <= ratio * its running peak while the reward plateaus
@@ -239,9 +283,7 @@ def diagnoses(
     return out
 
 
-def conditions(
-    h: History, sig: Signals | None, cfg: DetectorConfig, state: DetectorState
-) -> list[Condition]:
+def conditions(h: History, sig: Signals | None, cfg: DetectorConfig, state: DetectorState) -> list[Condition]:
     """Every condition active at the current point (phase already advanced)."""
     out: list[Condition] = []
     base = _base_evidence(sig)
@@ -251,10 +293,10 @@ def conditions(
             out.append(cond)
     if sig is None:
         return out
-    if state.phase == DECAY:
-        out.append(Condition(LLD_DECAY, MESSAGES[LLD_DECAY], dict(base, phase_since=state.phase_since)))
-    elif state.phase == COLLAPSE:
-        out.append(Condition(LLD_COLLAPSE, MESSAGES[LLD_COLLAPSE], dict(base, phase_since=state.phase_since)))
+    for phase, kind in ((DECAY, LLD_DECAY), (COLLAPSE, LLD_COLLAPSE)):
+        if state.phase == phase:
+            evidence = dict(base, phase_since=state.phase_since, signals=sig.evidence(PHASE_SIGNALS[phase]))
+            out.append(Condition(kind, MESSAGES[kind], evidence))
     for kind, ind in terminal_indicators(h, cfg, state).items():
         if ind.fired:
             out.append(Condition(kind, MESSAGES[kind], dict(base, **ind.evidence())))

@@ -3,8 +3,11 @@
 Candidate of a point (lld-reference.md section 3):
 - collapse (phase III): a sharp likelihood drop with a grad-norm / entropy surge or a majority of correct
   responses losing likelihood; or grad-norm AND entropy surges together; or a reward crash.
-- decay (phase II, hooks only): a significant likelihood decline (Theil-Sen + CUSUM), or the share of
-  correct responses losing likelihood rising while D_traj of correct responses is mostly negative.
+- decay (phase II, hooks only): a significant likelihood decline (Mann-Kendall / Theil-Sen + CUSUM), or
+  the share of correct responses losing likelihood rising while D_traj of correct responses is mostly
+  negative. "Grad norm stable" holds by priority (a decline with a surge is a collapse); a rising reward
+  is reported as evidence but not required, since the reward saturates during phase II and a trend test
+  on it then has no power.
 - stagnation (phase I, hooks only): likelihood flat while the reward rises.
 - healthy otherwise.
 Hysteresis: entering a phase needs k consecutive supporting points (`*_confirm`), leaving stagnation or
@@ -38,7 +41,13 @@ PHASE_SIGNALS = {
         "logp_pos_sharp_drop",
         "frac_decreased_majority",
     ),
-    DECAY: ("logp_pos_decline", "frac_decreased_rising", "delta_traj_pos_negative", "reward_rising", "grad_surge"),
+    DECAY: (
+        "logp_pos_decline",
+        "frac_decreased_rising",
+        "delta_traj_pos_negative",
+        "reward_rising",
+        "grad_surge",
+    ),
     STAGNATION: ("logp_pos_flat", "reward_rising"),
     HEALTHY: ("logp_pos_decline", "logp_pos_flat", "reward_rising", "grad_surge", "entropy_surge"),
 }
@@ -75,7 +84,9 @@ def recovered(sig: Signals, state: DetectorState, cfg: DetectorConfig) -> bool:
         return False
     floor = cfg.reward_floor
     back = sig.reward_smooth >= floor + cfg.recovery_frac * (peak - floor)
-    quiet = not any(sig.fired(n) for n in ("grad_surge", "entropy_surge", "logp_pos_sharp_drop", "reward_crash"))
+    quiet = not any(
+        sig.fired(n) for n in ("grad_surge", "entropy_surge", "logp_pos_sharp_drop", "reward_crash")
+    )
     return back and quiet
 
 
@@ -95,9 +106,7 @@ def _evidence(
     return ev
 
 
-def advance(
-    state: DetectorState, sig: Signals | None, step: int, cfg: DetectorConfig
-) -> PhaseChange | None:
+def advance(state: DetectorState, sig: Signals | None, step: int, cfg: DetectorConfig) -> PhaseChange | None:
     """Update the phase of `state` with the point at `step` (signals None during warm-up)."""
     counters = state.counters
     if state.phase == WARMUP:
@@ -125,7 +134,9 @@ def advance(
         key = "phase:recovered"
         counters[key] = counters.get(key, 0) + 1 if recovered(sig, state, cfg) else 0
         if counters[key] >= cfg.recovery_confirm:
-            ev = _evidence(sig, HEALTHY, ["recovered"], counters[key], cfg, "reward back near its peak, no surge")
+            ev = _evidence(
+                sig, HEALTHY, ["recovered"], counters[key], cfg, "reward back near its peak, no surge"
+            )
             return _change(state, step, HEALTHY, ev)
         return None
     if counters["phase:collapse"] >= cfg.collapse_confirm:
@@ -142,7 +153,12 @@ def advance(
         return None
     if current == HEALTHY and counters["phase:stagnation"] >= cfg.stagnation_confirm:
         ev = _evidence(
-            sig, STAGNATION, reasons, counters["phase:stagnation"], cfg, "phase I: likelihood flat, reward rising"
+            sig,
+            STAGNATION,
+            reasons,
+            counters["phase:stagnation"],
+            cfg,
+            "phase I: likelihood flat, reward rising",
         )
         return _change(state, step, STAGNATION, ev)
     if current == STAGNATION and counters["phase:healthy"] >= cfg.exit_confirm:

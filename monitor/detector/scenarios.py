@@ -136,7 +136,11 @@ def collapse_scenario(seed: int) -> Scenario:
     g0 = math.exp(rng.uniform(math.log(0.2), math.log(3.0)))
     g_start = t2 + int(rng.integers(0, 7))
     g_growth = np.minimum(np.exp(np.maximum(t - g_start, 0.0) / rng.uniform(3, 8)), rng.uniform(10, 200))
-    grad = g0 * np.exp(rng.normal(0, rng.uniform(0.1, 0.25), n)) * _spikes(rng, n, rng.uniform(0.005, 0.02), 3, 30)
+    grad = (
+        g0
+        * np.exp(rng.normal(0, rng.uniform(0.1, 0.25), n))
+        * _spikes(rng, n, rng.uniform(0.005, 0.02), 3, 30)
+    )
     grad = grad * g_growth
 
     # entropy: slow rise, surge in phase III
@@ -151,8 +155,10 @@ def collapse_scenario(seed: int) -> Scenario:
     s1, s2 = rng.uniform(-0.0002, 0.0003), -rng.uniform(0.0015, 0.004)
     sigma_l = rng.uniform(0.005, 0.02)
     logp = l0 + s1 * np.minimum(t, t1) + s2 * np.clip(t - t1, 0, None)
-    logp = logp - rng.uniform(0.02, 0.06) * (np.exp(after2 / rng.uniform(8, 20)) - 1)
-    logp = np.maximum(logp, -8.0) + rng.normal(0, sigma_l, n) + _ar1(rng, n, rng.uniform(0.3, 0.7), sigma_l / 2)
+    logp = logp - rng.uniform(0.02, 0.06) * (np.exp(after2 / rng.uniform(5, 12)) - 1)
+    logp = (
+        np.maximum(logp, -8.0) + rng.normal(0, sigma_l, n) + _ar1(rng, n, rng.uniform(0.3, 0.7), sigma_l / 2)
+    )
     gap = 0.05 + 0.25 / (1 + np.exp(-(t - 80) / 10))
     logp_neg = logp - gap + rng.normal(0, sigma_l, n)
 
@@ -200,13 +206,18 @@ def collapse_scenario(seed: int) -> Scenario:
         values[M.GRAD_NORM][nan_at:] = np.nan
         values[M.LOSS][nan_at:] = np.nan
     label = reward_collapse_step(np.arange(n), reward)
-    return _finish(f"collapse-{seed}+hooks", "collapse", seed, values, label, {"decay": t1, "collapse": t2}, absent)
+    return _finish(
+        f"collapse-{seed}+hooks", "collapse", seed, values, label, {"decay": t1, "collapse": t2}, absent
+    )
 
 
-def healthy_scenario(seed: int) -> Scenario:
-    """A run that learns and saturates without collapsing (with hook metrics)."""
+def healthy_scenario(seed: int, n_steps: int | None = None) -> Scenario:
+    """A run that learns and saturates without collapsing (with hook metrics); 250-450 steps unless
+    `n_steps` is given (the cost benchmark uses 10k)."""
     rng = np.random.default_rng(seed)
     n = int(rng.integers(250, 451))
+    if n_steps is not None:
+        n = n_steps
     t = np.arange(n, dtype=np.float64)
     r0, rmax, tau = rng.uniform(0.05, 0.4), rng.uniform(0.55, 0.85), rng.uniform(20, 80)
     reward = np.clip(
@@ -254,15 +265,21 @@ def noisy_stagnant_scenario(seed: int) -> Scenario:
     zero_std = np.clip(rng.uniform(0.4, 0.75) + rng.normal(0, 0.12, n), 0, 1)
     idle = rng.random(n) < rng.uniform(0.05, 0.3)
     g0 = math.exp(rng.uniform(math.log(0.2), math.log(2.0)))
-    grad = g0 * np.exp(rng.normal(0, rng.uniform(0.3, 0.6), n)) * _spikes(rng, n, rng.uniform(0.01, 0.03), 3, 15)
+    grad = (
+        g0 * np.exp(rng.normal(0, rng.uniform(0.3, 0.6), n)) * _spikes(rng, n, rng.uniform(0.01, 0.03), 3, 15)
+    )
     grad[idle] = rng.uniform(0.0, 0.003, int(idle.sum()))
     zero_std[idle] = 1.0
-    entropy = rng.uniform(0.3, 0.9) * np.exp(_ar1(rng, n, 0.8, 0.1) + rng.normal(0, rng.uniform(0.1, 0.25), n))
+    entropy = rng.uniform(0.3, 0.9) * np.exp(
+        _ar1(rng, n, 0.8, 0.1) + rng.normal(0, rng.uniform(0.1, 0.25), n)
+    )
     values = _common(rng, n, reward, grad, entropy)
     values[M.ADV_FRAC_ZERO_STD_GROUPS] = zero_std
     values[M.RESPONSE_LENGTH_MEAN] = values[M.RESPONSE_LENGTH_MEAN] * (1 + rng.normal(0, 0.12, n))
     sigma_l = rng.uniform(0.02, 0.05)
-    logp = rng.uniform(-0.6, -0.2) + rng.normal(0, sigma_l, n) + _ar1(rng, n, rng.uniform(0.3, 0.8), sigma_l / 2)
+    logp = (
+        rng.uniform(-0.6, -0.2) + rng.normal(0, sigma_l, n) + _ar1(rng, n, rng.uniform(0.3, 0.8), sigma_l / 2)
+    )
     frac = np.clip(rng.uniform(0.3, 0.5) + rng.normal(0, 0.08, n), 0, 1)
     delta = rng.uniform(-0.01, 0.03) + rng.normal(0, 0.03, n)
     values.update(
@@ -277,7 +294,16 @@ def noisy_stagnant_scenario(seed: int) -> Scenario:
         }
     )
     no_correct = reward == 0  # no A>0 responses: the hooks log nothing for them
-    absent = {k: no_correct for k in (M.LOGP_POS, M.DELTA_TRAJ_POS, M.DELTA_ACTION_POS, M.FRAC_TRAJ_DECREASED_POS, M.FRAC_ACTION_DECREASED_POS)}
+    absent = {
+        k: no_correct
+        for k in (
+            M.LOGP_POS,
+            M.DELTA_TRAJ_POS,
+            M.DELTA_ACTION_POS,
+            M.FRAC_TRAJ_DECREASED_POS,
+            M.FRAC_ACTION_DECREASED_POS,
+        )
+    }
     return _finish(f"noisy-stagnant-{seed}+hooks", "noisy_stagnant", seed, values, None, {}, absent)
 
 
@@ -293,7 +319,8 @@ def _common(
         M.LOSS: rng.normal(0, 0.02, n),
         M.KL: np.abs(rng.uniform(0.001, 0.005) * (1 + rng.normal(0, 0.3, n))),
         M.CLIP_FRAC: np.abs(rng.uniform(0.001, 0.005) * (1 + rng.normal(0, 0.3, n))),
-        M.RESPONSE_LENGTH_MEAN: rng.uniform(100, 500) * (1 + rng.normal(0, 0.03, n) + 0.1 * np.sin(np.arange(n) / 60)),
+        M.RESPONSE_LENGTH_MEAN: rng.uniform(100, 500)
+        * (1 + rng.normal(0, 0.03, n) + 0.1 * np.sin(np.arange(n) / 60)),
         M.RESPONSE_CLIP_RATIO: np.clip(rng.uniform(0, 0.08) + rng.normal(0, 0.02, n), 0, 1),
         M.SEARCH_VALID_PER_TRAJ: rng.uniform(1, 2.5) + rng.normal(0, 0.05, n),
         M.TURNS_MEAN: rng.uniform(2, 3.5) + rng.normal(0, 0.05, n),

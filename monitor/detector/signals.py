@@ -234,10 +234,10 @@ def reward_crash(
 def trend(h: History, metric: str, window: int, offset: int = 0) -> stats.TrendFit:
     """Theil-Sen fit over `window` points ending `offset` points before the current one (memoised)."""
     key = ("trend", metric, window, offset)
-    fit = h.cache.get(key)
+    fit: stats.TrendFit | None = h.cache.get(key)
     if fit is None:
         fit = h.cache[key] = _trend(h, metric, window, offset)
-    return fit  # type: ignore[no-any-return]
+    return fit
 
 
 def _trend(h: History, metric: str, window: int, offset: int) -> stats.TrendFit:
@@ -259,12 +259,12 @@ def reward_rising(h: History, cfg: DetectorConfig, window: int, name: str = "rew
         return off(name, M.REWARD_MEAN)
     return Indicator(
         name,
-        fit.z >= cfg.reward_rise_z,
+        fit.mk_z >= cfg.reward_rise_z,
         M.REWARD_MEAN,
-        num(fit.z),
+        num(fit.mk_z),
         cfg.reward_rise_z,
         window,
-        {"slope_per_step": num(fit.slope), "statistic_is": "Theil-Sen slope / robust SE"},
+        {"slope_per_step": num(fit.slope), "statistic_is": "Mann-Kendall Z (slope: Theil-Sen)"},
     )
 
 
@@ -288,7 +288,11 @@ def reward_zero(h: History, cfg: DetectorConfig, peak: float | None) -> Indicato
         num(share),
         cfg.reward_zero_share,
         cfg.reward_zero_window,
-        {"zero_level": num(level), "running_peak": num(peak), "statistic_is": "share of points <= zero_level"},
+        {
+            "zero_level": num(level),
+            "running_peak": num(peak),
+            "statistic_is": "share of points <= zero_level",
+        },
     )
 
 
@@ -320,18 +324,18 @@ def likelihood_decline(h: History, cfg: DetectorConfig) -> tuple[Indicator, stat
         return off(name, metric, "reference window too short"), fit
     scale = max(scale, fit.resid_sd if math.isfinite(fit.resid_sd) else 0.0, 1e-9)
     s = stats.cusum_last(v[-cfg.trend_window :], target, scale, cfg.cusum_k, direction=-1)
-    fired = fit.z <= -cfg.decay_z and s >= cfg.cusum_h
+    fired = fit.mk_z <= -cfg.decay_z and s >= cfg.cusum_h
     detail = {
         "slope_per_step": num(fit.slope),
-        "slope_z": num(fit.z),
+        "slope_z": num(fit.mk_z),
         "slope_z_threshold": -cfg.decay_z,
         "cusum_lower": num(s),
         "cusum_h": cfg.cusum_h,
         "reference_level": num(target),
         "noise_sd": num(scale),
-        "statistic_is": "Theil-Sen slope / robust SE",
+        "statistic_is": "Mann-Kendall Z (slope: Theil-Sen)",
     }
-    return Indicator(name, fired, metric, num(fit.z), -cfg.decay_z, cfg.trend_window, detail), fit
+    return Indicator(name, fired, metric, num(fit.mk_z), -cfg.decay_z, cfg.trend_window, detail), fit
 
 
 def likelihood_flat(fit: stats.TrendFit, cfg: DetectorConfig) -> Indicator:
@@ -339,12 +343,12 @@ def likelihood_flat(fit: stats.TrendFit, cfg: DetectorConfig) -> Indicator:
         return off("logp_pos_flat", M.LOGP_POS)
     return Indicator(
         "logp_pos_flat",
-        abs(fit.z) < cfg.flat_z,
+        abs(fit.mk_z) < cfg.flat_z,
         M.LOGP_POS,
-        num(fit.z),
+        num(fit.mk_z),
         cfg.flat_z,
         cfg.trend_window,
-        {"slope_per_step": num(fit.slope), "statistic_is": "|Theil-Sen slope / robust SE|"},
+        {"slope_per_step": num(fit.slope), "statistic_is": "|Mann-Kendall Z|"},
     )
 
 
@@ -392,15 +396,15 @@ def frac_rising(h: History, cfg: DetectorConfig) -> Indicator:
         return off(name, metric, "reference window too short")
     scale = max(scale, fit.resid_sd if math.isfinite(fit.resid_sd) else 0.0, 1e-9)
     s = stats.cusum_last(v[-cfg.trend_window :], target, scale, cfg.cusum_k, direction=1)
-    fired = fit.z >= cfg.decay_z and s >= cfg.cusum_h
+    fired = fit.mk_z >= cfg.decay_z and s >= cfg.cusum_h
     detail = {
         "slope_per_step": num(fit.slope),
-        "slope_z": num(fit.z),
+        "slope_z": num(fit.mk_z),
         "cusum_upper": num(s),
         "cusum_h": cfg.cusum_h,
         "reference_level": num(target),
     }
-    return Indicator(name, fired, metric, num(fit.z), cfg.decay_z, cfg.trend_window, detail)
+    return Indicator(name, fired, metric, num(fit.mk_z), cfg.decay_z, cfg.trend_window, detail)
 
 
 def frac_majority(h: History, cfg: DetectorConfig) -> Indicator:

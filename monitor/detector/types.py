@@ -50,9 +50,9 @@ class SeriesWindow:
                 raise ValueError(f"values[{name!r}] has {arr.shape[0]} points for {steps.size} steps")
             if name not in self.present:
                 raise ValueError(f"present[{name!r}] is missing")
-        for name, arr in self.present.items():
-            if arr.shape != steps.shape:
-                raise ValueError(f"present[{name!r}] has {arr.shape[0]} points for {steps.size} steps")
+        for name, mask in self.present.items():
+            if mask.shape != steps.shape:
+                raise ValueError(f"present[{name!r}] has {mask.shape[0]} points for {steps.size} steps")
 
     @classmethod
     def from_columns(
@@ -65,6 +65,7 @@ class SeriesWindow:
         (so +-inf is data, NaN is "not logged"); pass `present` to mark logged NaNs."""
         steps_arr = np.asarray(steps, dtype=np.int64).ravel()
         vals = {name: np.asarray(v, dtype=np.float64).ravel() for name, v in values.items()}
+        pres: dict[str, BoolArray]
         if present is None:
             pres = {name: ~np.isnan(v) for name, v in vals.items()}
         else:

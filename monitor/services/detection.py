@@ -82,9 +82,13 @@ class DetectionService:
                 )
             last_step = int(steps[-1])
             now = datetime.now(timezone.utc)
+            # Episodes that started and already ended inside this batch (a lone NaN grad norm, say)
+            # still open an alert; it resolves with the next batch.
+            ongoing = {f.kind for f in result.findings}
+            transient = [f for f in result.started if f.kind not in ongoing]
             active = [
                 ActiveCondition(f.kind, f.severity, f.step, f.message, json_safe(f.evidence))
-                for f in result.findings
+                for f in (*result.findings, *transient)
             ]
             plan = plan_alerts(
                 alert_store.open_alerts(conn, run_id), active, now=now, renotify_after=self.renotify_after

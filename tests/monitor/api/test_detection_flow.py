@@ -131,3 +131,24 @@ def test_late_batch_of_old_steps_does_not_rewind_the_detector(client: TestClient
     body = {"batch_id": "late", "steps": [1, 2], "metrics": {"reward/mean": [0.1, 0.2]}}
     assert client.post(f"{API_PREFIX}/runs/{run_id}/metrics", json=body).status_code == 200
     assert client.get(f"{API_PREFIX}/runs/{run_id}/events").json() == events_before
+
+
+def test_transient_nonfinite_grad_inside_one_batch_still_alerts(client: TestClient) -> None:
+    """Regression: a NaN grad norm that started and cleared inside one batch was never alerted."""
+    import dataclasses
+
+    import numpy as np
+
+    from contracts.metrics import GRAD_NORM
+
+    scenario = healthy_scenario(2)
+    grad = scenario.values[GRAD_NORM].copy()
+    grad[45] = np.nan
+    scenario = dataclasses.replace(scenario, values={**scenario.values, GRAD_NORM: grad})
+    run_id = client.post(f"{API_PREFIX}/runs", json={"name": "nan-blip"}).json()["id"]
+    stream(client, run_id, scenario, batch_steps=20)
+    alerts = client.get(f"{API_PREFIX}/runs/{run_id}/alerts").json()
+    nan_alerts = [a for a in alerts if a["kind"] == "nonfinite_grad"]
+    assert len(nan_alerts) == 1
+    assert nan_alerts[0]["severity"] == "critical" and nan_alerts[0]["first_step"] == int(scenario.steps[45])
+    assert nan_alerts[0]["status"] == "resolved"  # the run went on with finite gradients

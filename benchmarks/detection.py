@@ -1,0 +1,146 @@
+"""Detection quality and cost of `monitor.detector` on generated scenarios and the real logs.
+
+Runs the evaluation harness (`monitor.evaluation`) on `--collapse` generated collapse runs and
+`--controls` healthy + `--controls` noisy-stagnant runs, each with and without the hook metrics, plus the
+real third-party logs in ../shared/datasets/real_runs (skipped with a message if that folder is absent);
+prints the per-run and per-group tables and the targets of the issue. Then measures the detector's cost:
+the median (and p95) time of one `update()` call that processes one new point with a window of
+`required_history` points, over a `--cost-steps`-step run (a long healthy run with hook metrics) and over
+the collapse runs (where every signal is computed).
+
+Usage::
+
+    python -m benchmarks.detection [--collapse 20] [--controls 10] [--seed 0] [--jobs 2]
+                                   [--cost-steps 10000] [--no-real] [--quiet]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from monitor.detector import DetectorConfig, DetectorState, SeriesWindow, update
+from monitor.detector.scenarios import Scenario, collapse_scenario, healthy_scenario, scenario_suite
+from monitor.evaluation import (
+    EvaluationReport,
+    LabelledRun,
+    RunReport,
+    check_targets,
+    evaluate,
+    real_runs,
+    render,
+    summarise,
+)
+
+REAL_RUNS_DIR = Path(__file__).resolve().parents[1].parent / "shared/datasets/real_runs"
+
+
+def _evaluate_one(run: LabelledRun) -> list[RunReport]:
+    return evaluate([run]).runs
+
+
+def run_evaluation(runs: list[LabelledRun], jobs: int) -> EvaluationReport:
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            reports = [r for rs in pool.map(_evaluate_one, runs, chunksize=2) for r in rs]
+    else:
+        reports = [r for run in runs for r in _evaluate_one(run)]
+    groups: dict[str, list[RunReport]] = {}
+    for r in reports:
+        groups.setdefault(r.group, []).append(r)
+    return EvaluationReport(
+        runs=reports, groups=[summarise(g, rs) for g, rs in groups.items()], targets=check_targets(reports)
+    )
+
+
+def update_cost_ms(scenario: Scenario, config: DetectorConfig) -> tuple[list[float], list[float]]:
+    """Wall and CPU time (ms) of each `update()` call that adds one point to a window of
+    `required_history` points (CPU time is what a busy machine's scheduler cannot inflate)."""
+    full = SeriesWindow.from_columns(scenario.steps, scenario.values, scenario.present)
+    horizon = config.required_history
+    state: DetectorState | None = None
+    times: list[float] = []
+    cpu: list[float] = []
+    for i in range(len(full)):
+        lo = max(0, i - horizon + 1)
+        window = SeriesWindow(
+            steps=full.steps[lo : i + 1],
+            values={k: v[lo : i + 1] for k, v in full.values.items()},
+            present={k: v[lo : i + 1] for k, v in full.present.items()},
+        )
+        c0 = time.process_time()
+        t0 = time.perf_counter()
+        state = update(window, state, config).state
+        times.append((time.perf_counter() - t0) * 1e3)
+        cpu.append((time.process_time() - c0) * 1e3)
+    return times, cpu
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1)))]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--collapse", type=int, default=20, help="generated collapse runs")
+    parser.add_argument("--controls", type=int, default=10, help="healthy and noisy-stagnant runs each")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--cost-steps", type=int, default=10_000)
+    parser.add_argument("--no-real", action="store_true", help="leave out the real logs")
+    parser.add_argument("--quiet", action="store_true", help="no per-run table")
+    args = parser.parse_args(argv)
+    print("command:", shlex.join([sys.executable, *sys.argv]))
+    config = DetectorConfig()
+
+    runs = [LabelledRun.from_scenario(s) for s in scenario_suite(args.collapse, args.controls, args.seed)]
+    if args.no_real:
+        pass
+    elif REAL_RUNS_DIR.is_dir():
+        real = real_runs(REAL_RUNS_DIR)
+        print(f"real logs: {len(real)} runs from {REAL_RUNS_DIR}")
+        runs += real
+    else:
+        print(f"real logs: {REAL_RUNS_DIR} not found, skipped")
+    t0 = time.perf_counter()
+    report = run_evaluation(runs, args.jobs)
+    elapsed = time.perf_counter() - t0
+    print()
+    print(render(report, per_run=not args.quiet))
+    print(f"\nevaluated {len(runs)} runs in {elapsed:.1f} s with {args.jobs} process(es)")
+
+    print(
+        f"\ndetector cost per update() call (one new point, window = required_history = {config.required_history}):"
+    )
+    long_run = healthy_scenario(args.seed, n_steps=args.cost_steps)
+    times, cpu = update_cost_ms(long_run, config)
+    print(
+        f"  {args.cost_steps}-step healthy run with hooks: wall median {statistics.median(times):.2f} ms "
+        f"(p95 {_pct(times, 0.95):.2f}), CPU median {statistics.median(cpu):.2f} ms (p95 {_pct(cpu, 0.95):.2f})"
+        "  (target <= 5 ms)"
+    )
+    c_times: list[float] = []
+    c_cpu: list[float] = []
+    for seed in range(args.seed, args.seed + 5):
+        wall, proc = update_cost_ms(collapse_scenario(seed), config)
+        c_times += wall
+        c_cpu += proc
+    print(
+        f"  5 collapse runs with hooks ({len(c_times)} calls): wall median {statistics.median(c_times):.2f} ms "
+        f"(p95 {_pct(c_times, 0.95):.2f}), CPU median {statistics.median(c_cpu):.2f} ms (p95 {_pct(c_cpu, 0.95):.2f})"
+    )
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"  (1-minute load average during the run: {load:.1f} on {os.cpu_count()} CPUs)")
+    met = report.all_met and statistics.median(times) <= 5.0
+    print(f"\nall targets met: {'yes' if met else 'NO'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Evaluation harness, the issue's targets on a fixed-seed scenario set, and the real logs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from contracts import metrics as M
+from monitor.detector import ADVANTAGE_COLLAPSE, LLD_COLLAPSE, DetectorConfig
+from monitor.detector.scenarios import collapse_scenario, healthy_scenario, scenario_suite
+from monitor.evaluation import (
+    DELAY_TARGET,
+    LEAD_TARGET,
+    LabelledRun,
+    check_targets,
+    evaluate,
+    real_runs,
+    render,
+)
+
+REAL = Path(__file__).resolve().parents[3].parent / "shared/datasets/real_runs"
+
+
+def test_scores_a_collapse_and_a_false_alarm() -> None:
+    s = collapse_scenario(11)
+    crashing_control = LabelledRun(
+        name="control-that-crashes",
+        group="control",
+        steps=s.steps,
+        values=s.without_hooks().values,
+        collapses=False,
+    )
+    report = evaluate([LabelledRun.from_scenario(s), crashing_control])
+    hooked, control = report.runs
+    assert hooked.collapse_step == s.collapse_step and not hooked.degraded
+    assert hooked.first_alert is not None and s.collapse_step is not None
+    assert hooked.lead_time == s.collapse_step - hooked.first_alert
+    assert hooked.detection_delay == hooked.first_collapse - s.collapse_step  # type: ignore[operator]
+    assert hooked.caught_before_crash and not hooked.false_alarm
+    assert control.degraded and control.false_alarm and LLD_COLLAPSE in control.critical_kinds
+    text = render(report)
+    assert "control-that-crashes" in text and "median lead time" in text and "NO" in text
+    assert not report.all_met
+
+
+def test_label_is_computed_when_missing() -> None:
+    s = collapse_scenario(12)
+    run = LabelledRun("unlabelled", "x", s.steps, s.values, collapses=True, present=s.present)
+    (report,) = evaluate([run]).runs
+    assert report.collapse_step == s.collapse_step
+
+
+def test_targets_without_runs_of_a_kind() -> None:
+    h = healthy_scenario(3)
+    report = evaluate([LabelledRun.from_scenario(h)])
+    assert [t.name for t in report.targets] == ["collapse findings / critical flags on controls"]
+    assert report.all_met and check_targets([]) == []
+
+
+def test_targets_on_a_fixed_seed_scenario_set() -> None:
+    """The issue's targets on 20 runs: 6 collapse runs and 2 + 2 controls, each with and without hooks."""
+    runs = [LabelledRun.from_scenario(s) for s in scenario_suite(n_collapse=6, n_controls=2, seed=2024)]
+    assert len(runs) == 20
+    report = evaluate(runs, DetectorConfig())
+    hooked = [r for r in report.runs if r.collapses and not r.degraded]
+    degraded = [r for r in report.runs if r.collapses and r.degraded]
+    controls = [r for r in report.runs if not r.collapses]
+    assert all(r.caught_before_crash for r in hooked)
+    assert float(np.median([r.lead_time for r in hooked])) >= LEAD_TARGET
+    assert all(r.detection_delay is not None and r.detection_delay <= DELAY_TARGET for r in degraded)
+    assert not [r.name for r in controls if r.false_alarm]
+    assert report.all_met, render(report)
+
+
+@pytest.mark.skipif(not REAL.is_dir(), reason="../shared/datasets/real_runs is missing")
+def test_real_logs_raise_no_collapse() -> None:
+    runs = real_runs(REAL)
+    assert len(runs) == 5
+    report = evaluate(runs)
+    for r in report.runs:
+        assert r.degraded  # imported logs have no likelihood metrics
+        assert r.first_collapse is None and not r.critical_kinds, (r.name, r.critical_kinds)
+    by_name = {r.name: r for r in report.runs}
+    # 50-70 % zero-std groups for 2400 steps: the advantage-collapse warning is wanted there
+    assert ADVANTAGE_COLLAPSE in by_name["trl-finqa-qwen2.5-7b-grpo"].warning_kinds
+    gsm8k = next(r for r in runs if r.name == "verl-gsm8k-qwen2.5-0.5b-ppo")
+    assert gsm8k.values[M.GRAD_NORM][16] > 60  # the isolated spike that must not count
