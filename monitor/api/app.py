@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -132,12 +133,29 @@ def create_app(
         app.include_router(router, prefix=API_PREFIX)
     app.include_router(ops.router)
 
+    mounted = mount_extensions(app, state)
+
     @app.get("/", include_in_schema=False)
     def root() -> RedirectResponse:
-        return RedirectResponse("/docs")
+        return RedirectResponse(mounted[0] if mounted else "/docs")
 
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+MOUNTS_GROUP = "lldmon.mounts"
+
+
+def mount_extensions(app: FastAPI, state: AppState) -> list[str]:
+    """Mount installed UI extensions (the dashboard) found through the `lldmon.mounts` entry points.
+
+    Each entry point is `mount(app, state) -> path`. Going through entry points keeps `monitor` free
+    of imports of `dashboard`: the dependency points from the UI to the service, never back.
+    """
+    paths = []
+    for entry_point in importlib.metadata.entry_points(group=MOUNTS_GROUP):
+        paths.append(entry_point.load()(app, state))
+    return paths
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

@@ -1,0 +1,54 @@
+"""Run page header, directive status and the alerts/events timeline (refreshed with the panels).
+
+The timeline is re-sent only when a phase event, alert or directive changed, so evidence the user
+has expanded stays open between refreshes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dash import Dash, Input, Output, State, html, no_update
+from dash.development.base_component import Component
+
+from dashboard import data
+from dashboard.auth import current_principal
+from dashboard.callbacks.base import DashContext, error_text
+from dashboard.pages import run as run_page
+from monitor.domain import Principal
+from monitor.errors import LLDMonError
+
+
+def run_summary(
+    ctx: DashContext, principal: Principal, run_id: int, shown: str | None = None
+) -> tuple[list[Component], Component, Component | Any, str | Any]:
+    """(header children, directive status, timeline table or no_update, signature of the timeline)."""
+    try:
+        rc = data.run_context(ctx.state, principal, run_id)
+    except LLDMonError as exc:
+        message = html.P(error_text(exc), className="msg err")
+        return [message], message, message, None
+    timeline: Component | Any = no_update
+    if rc.signature != shown:
+        timeline = run_page.timeline_table(rc)
+    return (
+        run_page.header_children(rc.run),
+        run_page.directive_status(rc.directive, rc.run.directive_policy),
+        timeline,
+        rc.signature if rc.signature != shown else no_update,
+    )
+
+
+def register(app: Dash, ctx: DashContext) -> None:
+    @app.callback(
+        Output("run-header", "children"),
+        Output("directive-status", "children"),
+        Output("run-timeline", "children"),
+        Output("timeline-signature", "data"),
+        Input("run-id", "data"),
+        Input("run-tick", "n_intervals"),
+        Input("directive-changed", "data"),
+        State("timeline-signature", "data"),
+    )
+    def _summary(run_id: int, _tick: int | None, _changed: Any, shown: str | None) -> tuple[Any, ...]:
+        return run_summary(ctx, current_principal(), run_id, shown)

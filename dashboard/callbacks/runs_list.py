@@ -1,0 +1,48 @@
+"""Runs list: filters -> table (refreshed every few seconds)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dash import Dash, Input, Output, html
+from dash.development.base_component import Component
+
+from dashboard import data
+from dashboard.auth import current_principal
+from dashboard.callbacks.base import DashContext, error_text
+from dashboard.pages import runs as runs_page
+from monitor.domain import Principal
+from monitor.errors import LLDMonError
+
+
+def runs_table(
+    ctx: DashContext,
+    principal: Principal,
+    project: str | None,
+    status: str | None,
+    tag: str | None,
+    search: str | None,
+) -> tuple[Component, list[dict[str, Any]]]:
+    """The table for the filters, and the project filter's options."""
+    try:
+        rows = data.list_runs(ctx.state, principal, project=project, status=status, tag=tag, search=search)
+        options = [{"label": p, "value": p} for p in data.projects(ctx.state, principal)]
+    except LLDMonError as exc:
+        return html.P(error_text(exc), className="msg err"), []
+    return runs_page.table(rows, ctx.path_for), options
+
+
+def register(app: Dash, ctx: DashContext) -> None:
+    @app.callback(
+        Output("runs-table", "children"),
+        Output("runs-project", "options"),
+        Input("runs-project", "value"),
+        Input("runs-status", "value"),
+        Input("runs-tag", "value"),
+        Input("runs-search", "value"),
+        Input("runs-tick", "n_intervals"),
+    )
+    def _runs(
+        project: str | None, status: str | None, tag: str | None, search: str | None, _tick: int | None
+    ) -> tuple[Component, list[dict[str, Any]]]:
+        return runs_table(ctx, current_principal(), project, status, tag, search)

@@ -1,0 +1,110 @@
+"""What the dashboard reads, through monitor's services only (never SQL, never `monitor.store`).
+
+Every call passes the caller's Principal, so project scoping and auth are the API's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from monitor.api.state import AppState
+from monitor.domain import AlertInfo, DirectiveInfo, PhaseEventInfo, Principal, RunFilter, RunInfo, Series
+
+RUNS_LIMIT = 500
+
+
+def series_map(
+    state: AppState,
+    principal: Principal,
+    run_id: int,
+    names: Sequence[str],
+    *,
+    step_min: int | None = None,
+    step_max: int | None = None,
+    max_points: int | None = None,
+) -> dict[str, Series]:
+    """The named series of a run (only those with rows), optionally downsampled (spikes kept)."""
+    if not names:
+        return {}
+    series = state.query.history(principal, run_id, list(names), step_min, step_max, max_points)
+    return {s.name: s for s in series}
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """A run with everything drawn on top of its series: phase events, alerts, directives."""
+
+    run: RunInfo
+    events: list[PhaseEventInfo]
+    alerts: list[AlertInfo]
+    directives: list[DirectiveInfo]
+    directive: DirectiveInfo
+
+    @property
+    def signature(self) -> str:
+        """Changes whenever a band, marker or marker hover would change."""
+        parts = [
+            ",".join(f"{e.id}" for e in self.events),
+            ",".join(f"{a.id}:{a.status}:{a.last_step}" for a in self.alerts),
+            ",".join(f"{d.version}" for d in self.directives),
+        ]
+        return "|".join(parts)
+
+
+def run_context(state: AppState, principal: Principal, run_id: int) -> RunContext:
+    run = state.runs.get(principal, run_id)
+    return RunContext(
+        run=run,
+        events=state.query.phase_events(principal, run_id),
+        alerts=state.alerts.list(principal, run_id),
+        directives=state.query.directive_history(principal, run_id),
+        directive=state.query.directive(principal, run_id),
+    )
+
+
+@dataclass(frozen=True)
+class RunRow:
+    run: RunInfo
+    open_alerts: int
+
+
+def list_runs(
+    state: AppState,
+    principal: Principal,
+    *,
+    project: str | None = None,
+    status: str | None = None,
+    tag: str | None = None,
+    search: str | None = None,
+) -> list[RunRow]:
+    """Runs the principal may see, filtered; `search` matches name, project or a tag (case-insensitive)."""
+    runs = state.runs.list(
+        principal,
+        RunFilter(project=project or None, status=status or None, tag=tag or None, limit=RUNS_LIMIT),
+    )
+    needle = (search or "").strip().lower()
+    if needle:
+        runs = [
+            r
+            for r in runs
+            if needle in r.name.lower()
+            or needle in r.project.lower()
+            or any(needle in t.lower() for t in r.tags)
+        ]
+    return [RunRow(run=r, open_alerts=_open_alerts(state, principal, r.id)) for r in runs]
+
+
+def _open_alerts(state: AppState, principal: Principal, run_id: int) -> int:
+    """Alerts not yet resolved (open or acknowledged)."""
+    return sum(1 for a in state.alerts.list(principal, run_id) if a.status != "resolved")
+
+
+def projects(state: AppState, principal: Principal) -> list[str]:
+    return sorted({r.project for r in state.runs.list(principal, RunFilter(limit=RUNS_LIMIT))})
+
+
+def run_options(state: AppState, principal: Principal) -> list[dict[str, object]]:
+    """Dropdown options for picking runs: "project / name (#id)"."""
+    runs = state.runs.list(principal, RunFilter(limit=RUNS_LIMIT))
+    return [{"label": f"{r.project} / {r.name} (#{r.id})", "value": r.id} for r in runs]

@@ -1,0 +1,563 @@
+"""Pure figure builders: plain data (domain objects, columns) in, plotly figures out. No I/O here.
+
+Figures are plotly figure dicts ({"data": [...], "layout": {...}}, what dcc.Graph takes and what
+`plotly.graph_objects.Figure(fig)` validates): building graph objects validates every point and costs
+~100 ms per panel at 1,500 points, a large part of the run page's budget. The tests validate every
+builder's output with `go.Figure`.
+
+Conventions shared by every run-page panel:
+- one line trace per metric that has data, in the panel's order, then ONE marker trace (alerts,
+  directives, phase changes) on a hidden overlay axis `y2` (0..1), so markers sit on the x axis whatever
+  the data's scale; the live refresh relies on that order to extend traces in place;
+- phase bands (stagnation, decay, collapse) are layout rectangles behind the data, named
+  `phase:<phase>`; each runs from its event's step to the next event's step (the last one to the
+  run's last step);
+- a metric without data is named in an annotation "no data for <metric>" instead of failing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from dashboard.panels import LOG_METRICS, Panel
+from dashboard.theme import (
+    BAND_OPACITY,
+    BANDED_PHASES,
+    DIRECTIVE_COLORS,
+    PHASE_COLORS,
+    PHASE_MARKER_COLOR,
+    SERIES_COLORS,
+    SEVERITY_COLORS,
+)
+from monitor.domain import AlertInfo, DirectiveInfo, PhaseEventInfo, Series
+
+PANEL_HEIGHT = 270
+ACTION_HEIGHT = PANEL_HEIGHT + 30
+COMPARE_HEIGHT = PANEL_HEIGHT + 20
+MARKER_TRACE_NAME = "events"
+QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
+
+Figure = dict[str, Any]
+"""A plotly figure as a dict: {"data": [trace, ...], "layout": {...}}."""
+
+
+@dataclass(frozen=True)
+class Band:
+    phase: str
+    x0: int
+    x1: int
+
+
+@dataclass(frozen=True)
+class Marker:
+    step: int
+    group: str
+    """"alert", "directive" or "phase"."""
+    label: str
+    color: str
+    symbol: str
+    hover: str
+
+
+# --- phases and markers ---------------------------------------------------------------------------------
+
+
+def phase_bands(events: Sequence[PhaseEventInfo], last_step: int | None) -> list[Band]:
+    """Stagnation/decay/collapse intervals: each phase runs from its event step to the next event."""
+    ordered = sorted(events, key=lambda e: (e.step, e.id))
+    bands: list[Band] = []
+    for i, event in enumerate(ordered):
+        is_last = i + 1 == len(ordered)
+        next_step = ordered[i + 1].step if not is_last else last_step
+        end = max(event.step if next_step is None else next_step, event.step)
+        if event.phase in BANDED_PHASES and (end > event.step or is_last):
+            bands.append(Band(event.phase, event.step, end))
+    return bands
+
+
+def band_shapes(bands: Sequence[Band]) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "rect",
+            "name": f"phase:{b.phase}",
+            "xref": "x",
+            "yref": "paper",
+            "x0": b.x0,
+            "x1": b.x1 if b.x1 > b.x0 else b.x0 + 0.5,
+            "y0": 0,
+            "y1": 1,
+            "fillcolor": PHASE_COLORS[b.phase],
+            "opacity": BAND_OPACITY,
+            "line": {"width": 0},
+            "layer": "below",
+        }
+        for b in bands
+    ]
+
+
+def evidence_lines(evidence: Mapping[str, Any], limit: int = 14) -> list[str]:
+    """Evidence as short readable lines (fired detector signals first)."""
+    lines: list[str] = []
+    signals = evidence.get("signals")
+    if isinstance(signals, Mapping):
+        for name, sig in sorted(signals.items(), key=lambda kv: not _fired(kv[1])):
+            if isinstance(sig, Mapping):
+                mark = "fired" if sig.get("fired") else "quiet"
+                stat, thr = sig.get("statistic"), sig.get("threshold")
+                lines.append(f"{name} [{mark}]: {sig.get('metric', '')} {_num(stat)} vs {_num(thr)}")
+    for key, value in evidence.items():
+        if key == "signals":
+            continue
+        if isinstance(value, Mapping | list):
+            text = json.dumps(value, default=str, separators=(",", ":"))
+            value = text if len(text) <= 80 else text[:77] + "..."
+        elif isinstance(value, float):
+            value = _num(value)
+        lines.append(f"{key}: {value}")
+    if len(lines) > limit:
+        lines = [*lines[:limit], f"... {len(lines) - limit} more"]
+    return lines
+
+
+def _fired(sig: Any) -> bool:
+    return isinstance(sig, Mapping) and bool(sig.get("fired"))
+
+
+def _num(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def alert_markers(alerts: Sequence[AlertInfo]) -> list[Marker]:
+    return [
+        Marker(
+            step=a.first_step,
+            group="alert",
+            label=a.kind,
+            color=SEVERITY_COLORS.get(a.severity, "#c62828"),
+            symbol="triangle-up",
+            hover="<br>".join(
+                [
+                    f"<b>alert {a.kind}</b> ({a.severity}, {a.status})",
+                    f"steps {a.first_step}-{a.last_step}",
+                    _wrap(a.message),
+                    *evidence_lines(a.evidence),
+                ]
+            ),
+        )
+        for a in alerts
+    ]
+
+
+def directive_markers(directives: Sequence[DirectiveInfo]) -> list[Marker]:
+    return [
+        Marker(
+            step=d.step or 0,
+            group="directive",
+            label=f"LLDS {'on' if d.llds_enabled else 'off'}",
+            color=DIRECTIVE_COLORS[d.llds_enabled],
+            symbol="diamond",
+            hover="<br>".join(
+                [
+                    f"<b>directive v{d.version}: LLDS {'on' if d.llds_enabled else 'off'}</b>"
+                    f" (λ={d.llds_lambda:g})",
+                    f"source: {d.source}",
+                    _wrap(d.reason),
+                ]
+            ),
+        )
+        for d in directives
+        if d.version > 0
+    ]
+
+
+def phase_markers(events: Sequence[PhaseEventInfo]) -> list[Marker]:
+    return [
+        Marker(
+            step=e.step,
+            group="phase",
+            label=e.phase,
+            color=PHASE_COLORS.get(e.phase, PHASE_MARKER_COLOR),
+            symbol="line-ns-open",
+            hover="<br>".join(
+                [
+                    f"<b>phase {e.previous_phase or '-'} → {e.phase}</b> at step {e.step}",
+                    *evidence_lines(e.evidence),
+                ]
+            ),
+        )
+        for e in events
+    ]
+
+
+def markers_of(
+    alerts: Sequence[AlertInfo], directives: Sequence[DirectiveInfo], events: Sequence[PhaseEventInfo]
+) -> list[Marker]:
+    return [*phase_markers(events), *alert_markers(alerts), *directive_markers(directives)]
+
+
+_MARKER_Y = {"phase": 0.02, "alert": 0.05, "directive": 0.11}
+
+
+def marker_trace(markers: Sequence[Marker]) -> dict[str, Any]:
+    """All markers of a panel in one trace on the hidden overlay axis (y2: 0 = the x axis)."""
+    colors = [m.color for m in markers]
+    return {
+        "type": "scatter",
+        "name": MARKER_TRACE_NAME,
+        "x": [m.step for m in markers],
+        "y": [_MARKER_Y.get(m.group, 0.05) for m in markers],
+        "yaxis": "y2",
+        "mode": "markers",
+        "showlegend": False,
+        "marker": {
+            "symbol": [m.symbol for m in markers],
+            "color": colors,
+            "size": [14 if m.group == "phase" else 11 for m in markers],
+            "line": {"width": 2, "color": colors},
+        },
+        "customdata": [m.group for m in markers],
+        "hovertext": [m.hover for m in markers],
+        "hoverinfo": "text",
+        "hoverlabel": {"align": "left"},
+    }
+
+
+def _wrap(text: str, width: int = 90) -> str:
+    words, lines, line = text.split(), [], ""
+    for word in words:
+        if line and len(line) + len(word) + 1 > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    if line:
+        lines.append(line)
+    return "<br>".join(lines)
+
+
+# --- run-page panels ------------------------------------------------------------------------------------
+
+
+def present_metrics(panel: Panel, series: Mapping[str, Series]) -> list[str]:
+    """The panel's metrics that have at least one point, in panel order (= trace order)."""
+    return [name for name in panel.metrics if name in series and len(series[name].steps) > 0]
+
+
+def line_trace(name: str, series: Series, color: str) -> dict[str, Any]:
+    return {
+        "type": "scatter",
+        "name": name,
+        # Plain lists, not numpy arrays: plotly would send those base64-encoded, and a live refresh
+        # must be able to extend the trace's x/y arrays in the browser.
+        "x": list(series.steps),
+        "y": list(series.values),
+        "mode": "lines",
+        "line": {"width": 1.6, "color": color},
+        "hovertemplate": f"{name}<br>step %{{x}}: %{{y:.4g}}<extra></extra>",
+    }
+
+
+def _note(text: str, *, center: bool, name: str) -> dict[str, Any]:
+    if center:
+        return {
+            "text": text,
+            "xref": "paper",
+            "yref": "paper",
+            "x": 0.5,
+            "y": 0.5,
+            "showarrow": False,
+            "font": {"size": 14, "color": "#6a737d"},
+            "name": name,
+        }
+    return {
+        "text": text,
+        "xref": "paper",
+        "yref": "paper",
+        "x": 1,
+        "y": 1.0,
+        "xanchor": "right",
+        "yanchor": "bottom",
+        "showarrow": False,
+        "font": {"size": 11, "color": "#6a737d"},
+        "name": name,
+    }
+
+
+def missing_annotations(panel: Panel, present: Sequence[str]) -> list[dict[str, Any]]:
+    """ "no data for <metric>": centred when the panel is empty, small in a corner when partly empty."""
+    missing = [name for name in panel.metrics if name not in present]
+    if not missing:
+        return []
+    if not present:
+        return [
+            _note("<br>".join(f"no data for {name}" for name in missing), center=True, name="empty-state")
+        ]
+    return [_note(", ".join(f"no data for {name}" for name in missing), center=False, name="missing")]
+
+
+def _title(text: str) -> dict[str, Any]:
+    return {"text": text, "font": {"size": 14}, "x": 0.01, "xanchor": "left"}
+
+
+def _figure(data: list[dict[str, Any]], layout: dict[str, Any]) -> Figure:
+    base = {"plot_bgcolor": "#ffffff", "paper_bgcolor": "#ffffff"}
+    return {"data": data, "layout": {**base, **layout}}
+
+
+def panel_figure(
+    panel: Panel,
+    series: Mapping[str, Series],
+    bands: Sequence[Band] = (),
+    markers: Sequence[Marker] = (),
+    *,
+    uirevision: Any = None,
+) -> Figure:
+    """One run-page panel: a line per metric of the panel that has data, phase bands, event markers."""
+    present = present_metrics(panel, series)
+    traces = [
+        line_trace(name, series[name], SERIES_COLORS[panel.metrics.index(name) % len(SERIES_COLORS)])
+        for name in present
+    ]
+    traces.append(marker_trace(markers))
+    return _figure(
+        traces,
+        {
+            "title": _title(panel.title),
+            "height": PANEL_HEIGHT,
+            "margin": {"l": 55, "r": 15, "t": 40, "b": 35},
+            "legend": {"orientation": "h", "y": -0.12, "x": 0, "font": {"size": 11}},
+            "hovermode": "closest",
+            "xaxis": {"gridcolor": "#eef0f3", "zeroline": False},
+            "yaxis": {
+                "type": "log" if panel.log_y else "linear",
+                "title": {"text": panel.y_title},
+                "gridcolor": "#eef0f3",
+            },
+            "yaxis2": {"overlaying": "y", "range": [0, 1], "visible": False, "fixedrange": True},
+            "shapes": band_shapes(bands),
+            "annotations": missing_annotations(panel, present),
+            "uirevision": uirevision,
+            "meta": {"panel": panel.key, "metrics": present},
+        },
+    )
+
+
+def empty_figure(message: str, height: int = PANEL_HEIGHT, title: str = "") -> Figure:
+    """A placeholder figure that says why there is nothing to show."""
+    return _figure(
+        [],
+        {
+            "title": _title(title),
+            "height": height,
+            "margin": {"l": 30, "r": 15, "t": 40, "b": 30},
+            "xaxis": {"visible": False},
+            "yaxis": {"visible": False},
+            "annotations": [_note(message, center=True, name="empty-state")],
+        },
+    )
+
+
+# --- action-delta distribution ---------------------------------------------------------------------------
+
+
+def action_step(columns: Mapping[str, Sequence[Any]], requested: int | None) -> int | None:
+    """The step to show: the last step <= `requested` that has action records (None if none)."""
+    steps = np.asarray(columns.get("step", []), dtype=np.int64)
+    if requested is not None:
+        steps = steps[steps <= requested]
+    return int(steps.max()) if steps.size else None
+
+
+def _floats(values: Sequence[Any]) -> npt.NDArray[np.float64]:
+    return np.asarray([np.nan if v is None else float(v) for v in values], dtype=np.float64)
+
+
+def _zero_line(axis: str) -> dict[str, Any]:
+    line = {"type": "line", "line": {"color": "#1f2328", "width": 1, "dash": "dot"}}
+    if axis == "x":
+        return {**line, "xref": "x", "yref": "paper", "x0": 0, "x1": 0, "y0": 0, "y1": 1}
+    return {**line, "xref": "paper", "yref": "y", "x0": 0, "x1": 1, "y0": 0, "y1": 0}
+
+
+def delta_histogram(columns: Mapping[str, Sequence[Any]], step: int | None) -> Figure:
+    """Histogram of D_action at one step, correct (A>0) and incorrect (A<0) responses overlaid."""
+    title = "Action deltas D_action" + (f" at step {step}" if step is not None else "")
+    if step is None:
+        return empty_figure("no action records at or before this step", title=title, height=ACTION_HEIGHT)
+    at = np.asarray(columns["step"], dtype=np.int64) == step
+    delta = _floats(columns["delta"])[at]
+    adv = _floats(columns["advantage"])[at]
+    traces = []
+    for label, mask, color in (
+        ("A>0 (correct)", adv > 0, SERIES_COLORS[0]),
+        ("A<0 (incorrect)", adv < 0, SERIES_COLORS[1]),
+        ("A=0", adv == 0, "#9e9e9e"),
+    ):
+        values = delta[mask & np.isfinite(delta)]
+        if values.size:
+            traces.append(
+                {
+                    "type": "histogram",
+                    "x": values.tolist(),
+                    "name": f"{label} n={values.size}",
+                    "marker": {"color": color},
+                    "opacity": 0.6,
+                }
+            )
+    return _figure(
+        traces,
+        {
+            "title": _title(f"{title} ({int(at.sum())} actions)"),
+            "barmode": "overlay",
+            "height": ACTION_HEIGHT,
+            "margin": {"l": 50, "r": 15, "t": 40, "b": 35},
+            "xaxis": {"title": {"text": "D_action = Σ (log π_new − log π_old)   < 0: likelihood fell"}},
+            "yaxis": {"title": {"text": "actions"}},
+            "legend": {"orientation": "h", "y": -0.25},
+            "shapes": [_zero_line("x")],
+        },
+    )
+
+
+def delta_quantiles(columns: Mapping[str, Sequence[Any]], positive_only: bool = True) -> Figure:
+    """How the D_action distribution shifts over steps: median, 25-75 % and 10-90 % bands per step."""
+    title = "D_action quantiles over steps" + (" (A>0 actions)" if positive_only else "")
+    frame = pd.DataFrame(
+        {
+            "step": np.asarray(columns.get("step", []), dtype=np.int64),
+            "delta": _floats(columns.get("delta", [])),
+        }
+    )
+    if positive_only and len(frame):
+        frame = frame[_floats(columns["advantage"]) > 0]
+    frame = frame[np.isfinite(frame["delta"])]
+    if frame.empty:
+        return empty_figure("no action records in this window", title=title, height=ACTION_HEIGHT)
+    q = frame.groupby("step")["delta"].quantile(list(QUANTILES)).unstack()
+    x = q.index.to_numpy().tolist()
+    traces: list[dict[str, Any]] = []
+    for lo, hi, alpha in ((0.1, 0.9, 0.15), (0.25, 0.75, 0.3)):
+        traces.append(
+            {
+                "type": "scatter",
+                "x": x,
+                "y": q[hi].to_numpy().tolist(),
+                "mode": "lines",
+                "line": {"width": 0},
+                "showlegend": False,
+                "hoverinfo": "skip",
+            }
+        )
+        traces.append(
+            {
+                "type": "scatter",
+                "x": x,
+                "y": q[lo].to_numpy().tolist(),
+                "mode": "lines",
+                "line": {"width": 0},
+                "fill": "tonexty",
+                "fillcolor": f"rgba(31,119,180,{alpha})",
+                "name": f"p{round(lo * 100)}-p{round(hi * 100)}",
+                "hoverinfo": "skip",
+            }
+        )
+    traces.append(
+        {
+            "type": "scatter",
+            "x": x,
+            "y": q[0.5].to_numpy().tolist(),
+            "mode": "lines+markers" if len(x) < 60 else "lines",
+            "name": "median",
+            "line": {"color": SERIES_COLORS[0], "width": 2},
+            "hovertemplate": "step %{x}: median %{y:.4g}<extra></extra>",
+        }
+    )
+    return _figure(
+        traces,
+        {
+            "title": _title(title),
+            "height": ACTION_HEIGHT,
+            "margin": {"l": 50, "r": 15, "t": 40, "b": 35},
+            "xaxis": {"title": {"text": "step"}},
+            "yaxis": {"title": {"text": "D_action"}},
+            "legend": {"orientation": "h", "y": -0.25},
+            "shapes": [_zero_line("y")],
+        },
+    )
+
+
+# --- compare page ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CompareRun:
+    label: str
+    series: Series | None
+    collapse_step: int | None = None
+
+
+def compare_figure(metric: str, runs: Sequence[CompareRun]) -> Figure:
+    """One metric of several runs overlaid, aligned by step; dashed line where each run collapsed."""
+    if not any(r.series is not None and r.series.steps for r in runs):
+        return empty_figure(f"no data for {metric}", title=metric, height=COMPARE_HEIGHT)
+    traces: list[dict[str, Any]] = []
+    shapes: list[dict[str, Any]] = []
+    annotations: list[dict[str, Any]] = []
+    for i, run in enumerate(runs):
+        color = SERIES_COLORS[i % len(SERIES_COLORS)]
+        if run.series is not None and run.series.steps:
+            traces.append(line_trace(run.label, run.series, color))
+        if run.collapse_step is not None:
+            shapes.append(
+                {
+                    "type": "line",
+                    "name": f"collapse:{run.label}",
+                    "xref": "x",
+                    "yref": "paper",
+                    "x0": run.collapse_step,
+                    "x1": run.collapse_step,
+                    "y0": 0,
+                    "y1": 1,
+                    "line": {"color": color, "width": 1.5, "dash": "dash"},
+                }
+            )
+            annotations.append(
+                {
+                    "text": "collapse",
+                    "x": run.collapse_step,
+                    "xref": "x",
+                    "y": 1,
+                    "yref": "paper",
+                    "showarrow": False,
+                    "yanchor": "bottom",
+                    "font": {"size": 10, "color": color},
+                }
+            )
+    missing = [r.label for r in runs if r.series is None or not r.series.steps]
+    if missing:
+        annotations.append(
+            _note(f"no data for {metric} in " + ", ".join(missing), center=False, name="missing")
+        )
+    return _figure(
+        traces,
+        {
+            "title": _title(metric),
+            "height": COMPARE_HEIGHT,
+            "margin": {"l": 55, "r": 15, "t": 40, "b": 35},
+            "xaxis": {"gridcolor": "#eef0f3"},
+            "yaxis": {"type": "log" if metric in LOG_METRICS else "linear", "gridcolor": "#eef0f3"},
+            "legend": {"orientation": "h", "y": -0.2},
+            "hovermode": "x unified",
+            "shapes": shapes,
+            "annotations": annotations,
+        },
+    )
