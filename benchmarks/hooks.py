@@ -5,7 +5,10 @@ tokenizer, a `search` tool, CPU) in three variants, repetitions interleaved (A B
 
 - `plain`: `trl.GRPOTrainer`;
 - `hooks`: `MonitoredGRPOTrainer` with an in-memory sink, probe off (in-loss measurement + name mapping);
-- `hooks+probe`: the same with the post-update probe (`--probe-size` rows every step).
+- `hooks+probe`: the same with the post-update probe (`--probe-size` rows every step);
+- `hooks+llds`: `hooks` with the LLDS regulariser on (`llds="on"`, lambda 0.2, action gate): the
+  term is computed from the loss's own log-probs and backpropagated with it. Its overhead is
+  reported against `hooks` (the same trainer with LLDS off) as well.
 
 Step time: the interval between consecutive `on_step_end` events, which covers generation, the
 loss, the optimizer and everything the hooks do after the step (measurement, probe, sending).
@@ -48,10 +51,12 @@ from transformers.trainer_callback import PrinterCallback  # noqa: E402
 
 from tests.trainer_hooks import tiny  # noqa: E402
 
-VARIANTS = ("plain", "hooks", "hooks+probe")
+VARIANTS = ("plain", "hooks", "hooks+probe", "hooks+llds")
 
 # Monitoring code paths of MonitoredGRPOTrainer (methods that do nothing but monitoring).
 HOOK_METHODS = ("_lldmon_tag_rollout", "_lldmon_collect", "_lldmon_step_end")
+# LLDS code paths (the term's forward part; its backward runs inside TRL's backward pass).
+LLDS_METHODS = ("_llds_term", "_llds_tag_rollout", "_llds_step_begin", "_llds_step_end")
 
 
 class NullSink:
@@ -129,8 +134,9 @@ def run(
             lldmon_sink=NullSink(),
             probe_size=probe_size if variant == "hooks+probe" else 0,
             probe_interval=probe_interval,
+            llds="on" if variant == "hooks+llds" else "off",
         )
-        for name in HOOK_METHODS:
+        for name in HOOK_METHODS + (LLDS_METHODS if variant == "hooks+llds" else ()):
             setattr(trainer, name, _timed(getattr(trainer, name), hook_time))
         callback = trainer._lldmon_callback
         callback._send = _timed(callback._send, hook_time)
@@ -196,6 +202,11 @@ def main(argv: list[str] | None = None) -> None:
             f"{variant:12s} {med * 1e3:9.1f} ms {100 * (med / base - 1):+8.1f}% "
             f"{hooks * 1e3:7.2f} ms {100 * hooks / med:9.2f}%"
         )
+    off, on = statistics.median(step_s["hooks"]), statistics.median(step_s["hooks+llds"])
+    print(
+        f"LLDS on vs off (hooks+llds vs hooks): {100 * (on / off - 1):+.1f}% step time "
+        f"({(on - off) * 1e3:+.1f} ms/step)"
+    )
 
 
 if __name__ == "__main__":

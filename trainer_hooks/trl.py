@@ -5,6 +5,9 @@ Usage::
     client = MonitorClient("http://lldmon:8000", "grpo-3b-nq", project="nq")
     trainer = MonitoredGRPOTrainer(model=..., reward_funcs=..., args=GRPOConfig(...),
                                    train_dataset=..., tools=[search], lldmon_sink=client)
+    # LLDS follows the service's directive (llds="auto", the default with a MonitorClient);
+    # llds="on", llds_lambda=0.2 switches it on statically (needs steps_per_generation >
+    # gradient_accumulation_steps or num_iterations > 1 to have any effect).
     trainer.train()
     client.close()
 
@@ -15,19 +18,22 @@ Two entry points:
   mapping table) and passes every other scalar through under its own name, via
   `sink.log(state.global_step, metrics)`. Degraded mode: no `lld/*` metrics.
 - `MonitoredGRPOTrainer(GRPOTrainer, lldmon_sink=..., probe_size=..., probe_interval=...)`: adds the
-  likelihood-displacement measurement (`trainer_hooks.likelihood.measure_step`) and the callback.
+  likelihood-displacement measurement (`trainer_hooks.likelihood.measure_step`) and the callback,
+  and optionally the LLDS / SAPO regulariser (`llds=...`, see "LLDS and SAPO" below).
 
 What MonitoredGRPOTrainer hooks in TRL 1.16 (`trl/trainer/grpo_trainer.py`), and why:
 
 - `GRPOTrainer._get_per_token_logps_and_entropies`: wrapped; while `_compute_loss` runs, its result
-  (the per-token log-probs the loss itself uses) is kept, detached. No second forward pass.
+  (the per-token log-probs the loss itself uses) is kept: detached for the measurement, with its
+  graph for the LLDS/SAPO term. No second forward pass.
 - `GRPOTrainer._compute_loss`: wrapped; after TRL computed the loss, the micro-batch's log-probs,
   `old_per_token_logps` (absent when TRL runs on-policy: then old = current, as in TRL), the loss
   mask `completion_mask * tool_mask` (TRL's multi-turn tool mask: 0 on tool-output tokens; it is
   built by `_tool_call_loop` for `tools=`/`environment_factory`, and a `rollout_func`'s `env_mask`
   is renamed to it by `_generate`) and the advantages are queued. The measurement depends only on
   log-probs, masks and advantages, so every `loss_type` (grpo, dapo, dr_grpo, bnpo, cispo, sapo,
-  ...) and `importance_sampling_level` works alike.
+  ...) and `importance_sampling_level` works alike. With LLDS/SAPO on, the scaled term is added to
+  the returned loss (see "LLDS and SAPO").
 - `GRPOTrainer._calculate_rewards`: wrapped to keep the per-function rewards; the weighted sum (as
   TRL logs it) goes into the action records.
 - `GRPOTrainer._generate_and_score_completions`: wrapped; tags each row of the rollout batch with a
@@ -77,13 +83,78 @@ only the main process measures and sends. Multimodal rollouts are not probed.
 Safety: monitoring never crashes training. Every hook runs TRL's code first and outside any guard;
 the monitoring part runs under a guard that logs the first exception once (logger `lldmon.trl`)
 and switches that part off for the rest of the run (measurement and sending are guarded apart).
+
+LLDS and SAPO (lld-reference.md sections 4-5)
+=============================================
+`MonitoredGRPOTrainer` can add `lambda * llds_loss(...)` (`trainer_hooks.regularizers`) and/or
+`w * sapo_kl_loss(...)` to TRL's loss. Keyword arguments (names and semantics as in
+`trainer_hooks.verl`'s `llds_*` keys; validated at construction, an invalid value raises
+`ValueError` naming the argument, before GRPOTrainer builds anything):
+
+=====================  ================  ========================================================
+argument               default           meaning
+=====================  ================  ========================================================
+llds                   None              "off" | "on" | "auto"; None = "auto" if `lldmon_sink` has
+                                         a `directive` property (MonitorClient), else "off"
+llds_lambda            0.2               lambda of llds="on" (paper: 0.2, 0.3 for Qwen2.5-7B-Instr.)
+llds_gate              "action"          "action" (Eq. 4) | "response" (Eq. 10) | "token" (Eq. 9)
+llds_answer_weight     1.0               beta of answer-span tokens (LLDS-MA, Eq. 5): a number >= 0
+                                         or "ma" (beta = `ma_beta(V_s)` per rollout batch)
+llds_normalize         "loss_tokens"     "loss_tokens" (authors' code) | "preserving_tokens" (paper)
+answer_pattern         <answer>.*?</answer>  regex (re.DOTALL); its FINAL match is the answer span
+sapo_weight            0.0               w of SAPO's term (0 = off), independent of `llds`
+sapo_threshold         None              its ratio threshold t; required when sapo_weight > 0
+=====================  ================  ========================================================
+
+- llds="on": the term is added at every training micro-batch with `llds_lambda`.
+- llds="auto": the sink's `directive` (duck-typed: `.llds.enabled`, `.llds.lam`, `.version`,
+  `.reason`, or the service's JSON shape) is read once per optimizer step, in `on_step_begin`, so
+  one optimizer step never mixes settings; a directive the service sent with step k's metrics takes
+  effect at step k + 1. Lambda is the directive's (`llds_lambda` is not used). Every change (and
+  the first directive read) is logged at INFO on `lldmon.trl` with its version and reason. With
+  several processes the main process reads it and broadcasts it (a 4-float tensor per step), so
+  all ranks add the same term.
+- The term uses the log-probs the loss itself computed (captured with their graph in the
+  `_get_per_token_logps_and_entropies` wrapper, no second forward pass), TRL's
+  `old_per_token_logps` (absent on-policy: old = current, the term is 0, as in TRL), the loss mask
+  `completion_mask * tool_mask` and TRL's advantages. Gates and selections carry no gradient.
+- Scaling (`trl_llds.term_scale`): TRL 1.16 scales its loss for gradient accumulation inside
+  `_compute_loss` (`loss_is_scaled_for_ga`), per loss type, and the term is scaled the same way,
+  so its effective weight per optimizer step is lambda whatever the micro-batch split:
+  grpo/sapo/bnpo/dr_grpo/luspo divide a per-micro-batch value by
+  `current_gradient_accumulation_steps`, and so does the term (lambda * llds_loss / GA, exactly the
+  authors' `dp_actor.py`, which adds the term per micro-batch inside `policy_loss` and divides by
+  the accumulation count; also how TRL scales its entropy bonus and aux loss); dapo/cispo/vespo
+  divide the token sum by the window's loss-token count `num_items_in_batch / num_processes *
+  GA / steps_per_generation`, and with llds_normalize="loss_tokens" the term's token sum is divided
+  by that same count (lambda * llds_loss * micro-batch loss tokens / window loss tokens, as
+  `trainer_hooks.verl` does under verl's global token normalisation); with "preserving_tokens" it
+  is lambda * llds_loss / GA. The micro-batch normalisation itself is LLDS's (`llds_normalize`).
+  Evaluation never adds the term. TRL's logged `loss` includes it.
+- LLDS-MA: the answer mask is computed once per rollout batch (`trl_llds.answer_token_mask`: one
+  batched decode, the final regex match, char span -> tokens by bisection on decoded prefixes) and
+  travels with the rows as column `lldmon_answer_mask`; skipped while beta == 1. "ma" takes V_s =
+  TRL's `tools/call_frequency * (1 - tools/failure_frequency)` of the rollout (the
+  `search/valid_per_traj` metric), or, without TRL tool metrics, tool calls counted from the mask.
+- Metrics per optimizer step k, sent at step k through the sink (main process, its shard):
+  `llds/active` (0/1), `llds/lambda` (0 when off), and while on `llds/loss` (mean `llds_loss` of the
+  step's micro-batches, before lambda and scaling) and `llds/gated_action_frac` (over all their
+  preserving actions); with SAPO `sapo/weight`, `sapo/loss`, `sapo/selected_token_frac`. None with
+  llds="off" (and no SAPO), none without a sink.
+- When the schedule makes old == current log-probs (`in_loss_deltas_structurally_zero`: TRL's
+  default steps_per_generation == gradient_accumulation_steps, num_iterations == 1) the term is a
+  no-op: a warning is logged once per trainer at train start, with the fix.
+- A failure while computing the term is logged once and switches the term off for the rest of the
+  run (training continues with TRL's loss; `llds/active` then reads 0).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import numbers
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -96,6 +167,19 @@ from trl.trainer.grpo_trainer import GRPOTrainer
 
 from contracts import metrics as M
 from contracts.metrics import MAX_METRIC_NAME_LENGTH
+from trainer_hooks._warn import WarnOnce
+from trainer_hooks.regularizers import LLDSStats, SAPOStats, llds_loss, sapo_kl_loss
+from trainer_hooks.trl_llds import (
+    DEFAULT_ANSWER_PATTERN,
+    LLDSMode,
+    LLDSSwitch,
+    RegularizerSettings,
+    RegularizerStep,
+    answer_token_mask,
+    ma_answer_weight,
+    read_directive,
+    term_scale,
+)
 from trainer_hooks.trl_measure import (
     MicroBatch,
     ProbeBatch,
@@ -118,8 +202,9 @@ logger = logging.getLogger("lldmon.trl")
 class MetricSink(Protocol):
     """What the hooks send to: `trainer_hooks.client.MonitorClient`, or any object with these methods.
 
-    Parameters are positional-only here so implementations may name them freely. (The client's
-    `directive` property is not needed by these hooks, so it is not part of the protocol.)
+    Parameters are positional-only here so implementations may name them freely. An optional
+    `directive` property (the client's) is duck-typed by `MonitoredGRPOTrainer`'s llds="auto"
+    mode, so it is not part of the protocol.
     """
 
     def log(self, step: int, metrics: Mapping[str, float], /) -> object:
@@ -310,6 +395,31 @@ class _MonitoredCallback(LLDMonitorCallback):
         return self._trainer._lldmon_drain_actions(step, final)
 
 
+class _RegularizerCallback(TrainerCallback):
+    """Drives a MonitoredGRPOTrainer's LLDS/SAPO term at optimizer-step boundaries (every process)."""
+
+    def __init__(self, trainer: MonitoredGRPOTrainer) -> None:
+        self._trainer = trainer
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._trainer._llds_check_config()
+
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._trainer._llds_step_begin(state.global_step + 1)
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._trainer._llds_step_end(state.global_step)
+
+
+_ANSWER_MASK_KEY: Final = "lldmon_answer_mask"
+"""Rollout-batch column: (B, T) bool answer-span tokens (LLDS-MA), split and shuffled by TRL."""
+
 _MULTIMODAL_KEYS: Final = (
     "pixel_values",
     "image_grid_thw",
@@ -322,6 +432,16 @@ _MULTIMODAL_KEYS: Final = (
     "mm_token_type_ids",
     "image_position_ids",
 )
+
+
+def _has_directive(sink: object) -> bool:
+    """Whether `sink` offers a `directive` (duck-typed; a failing property counts as none)."""
+    if sink is None:
+        return False
+    try:
+        return getattr(sink, "directive", None) is not None
+    except Exception:
+        return False
 
 
 class MonitoredGRPOTrainer(GRPOTrainer):
@@ -341,6 +461,21 @@ class MonitoredGRPOTrainer(GRPOTrainer):
         lld_eps: decrease threshold: an action/trajectory counts as decreased when D < lld_eps.
         probe_seed: seed of the probe's row sampling (its own CPU generator; TRL's RNG is untouched).
         flush_timeout: seconds to wait for the sink at the end of training.
+        llds: "off" | "on" | "auto" (see the module docstring, "LLDS and SAPO"); None (default):
+            "auto" if `lldmon_sink` has a `directive` property, else "off".
+        llds_lambda: LLDS weight lambda of llds="on" (paper: 0.2; 0.3 for Qwen2.5-7B-Instruct).
+        llds_gate: "action" (Eq. 4) | "response" (Eq. 10) | "token" (Eq. 9).
+        llds_answer_weight: weight beta of answer-span tokens (LLDS-MA, Eq. 5): a number >= 0, or
+            "ma" for beta = `ma_beta(V_s)` of each rollout batch's valid searches per trajectory.
+        llds_normalize: "loss_tokens" (authors' code, default) | "preserving_tokens" (paper).
+        answer_pattern: regex (str, compiled with re.DOTALL, or a compiled pattern) whose FINAL
+            match in the decoded completion is the answer span.
+        sapo_weight: weight w of SAPO's term (`regularizers.sapo_kl_loss`); 0 = off.
+        sapo_threshold: its ratio threshold t (required when sapo_weight > 0; unpublished).
+
+    Raises:
+        ValueError: invalid probe or LLDS/SAPO arguments (the message names the argument), before
+            anything of GRPOTrainer is built.
 
     The measurement's cost: per micro-batch, a detached copy of the (b, T) log-probs; per
     optimizer step, one or two vectorised `measure_step` calls with a constant number of host
@@ -357,10 +492,29 @@ class MonitoredGRPOTrainer(GRPOTrainer):
         lld_eps: float = 0.0,
         probe_seed: int = 0,
         flush_timeout: float = 30.0,
+        llds: str | None = None,
+        llds_lambda: float = 0.2,
+        llds_gate: str = "action",
+        llds_answer_weight: float | str = 1.0,
+        llds_normalize: str = "loss_tokens",
+        answer_pattern: str | re.Pattern[str] = DEFAULT_ANSWER_PATTERN,
+        sapo_weight: float = 0.0,
+        sapo_threshold: float | None = None,
         **kwargs: Any,
     ) -> None:
         if probe_size < 0 or probe_interval < 0 or max_action_records < 0:
             raise ValueError("probe_size, probe_interval and max_action_records must be >= 0")
+        llds_settings = RegularizerSettings.build(
+            llds=llds,
+            llds_lambda=llds_lambda,
+            llds_gate=llds_gate,
+            llds_answer_weight=llds_answer_weight,
+            llds_normalize=llds_normalize,
+            answer_pattern=answer_pattern,
+            sapo_weight=sapo_weight,
+            sapo_threshold=sapo_threshold,
+            sink_has_directive=_has_directive(lldmon_sink),
+        )
         super().__init__(*args, **kwargs)
         self.lldmon_sink = lldmon_sink
         self.lldmon_probe_size = probe_size
@@ -385,6 +539,25 @@ class MonitoredGRPOTrainer(GRPOTrainer):
         if lldmon_sink is not None:
             self._lldmon_callback = _MonitoredCallback(self, lldmon_sink, flush_timeout=flush_timeout)
             self.add_callback(self._lldmon_callback)
+        # LLDS / SAPO
+        self._llds_warn = WarnOnce(logger)
+        self.llds_settings = self._llds_agree_mode(llds_settings)
+        llds_settings = self.llds_settings
+        self._llds_switch: LLDSSwitch | None = None  # in force for the current optimizer step
+        if llds_settings.mode == "on":
+            self._llds_switch = LLDSSwitch(enabled=True, lam=llds_settings.lam, reason="llds='on'")
+        elif llds_settings.mode == "auto":
+            self._llds_switch = LLDSSwitch(enabled=False, lam=0.0, reason="no directive read yet")
+        self._llds_directive_seen = False
+        self._llds_guard = _Guard("the LLDS/SAPO regulariser")
+        self._llds_warned_noop = False
+        self._llds_step_stats = RegularizerStep()
+        self._llds_beta = (
+            llds_settings.answer_weight if isinstance(llds_settings.answer_weight, float) else 1.0
+        )
+        self._llds_valid_searches = math.nan
+        if llds_settings.any_on:
+            self.add_callback(_RegularizerCallback(self))
 
     # ------------------------------------------------------------------------------------------
     # configuration
@@ -451,9 +624,15 @@ class MonitoredGRPOTrainer(GRPOTrainer):
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs: Any) -> Any:
+        tool_metrics_before = self._llds_tool_metric_counts()
         output = super()._generate_and_score_completions(inputs)
         rewards_per_func, self._lldmon_rewards_per_func = self._lldmon_rewards_per_func, None
-        if self.lldmon_sink is None or not self._lldmon_training():
+        if not self._lldmon_training():
+            return output
+        if self.llds_settings.needs_answer_mask and self._llds_guard.enabled:
+            with self._llds_guard():
+                self._llds_tag_rollout(output, tool_metrics_before)
+        if self.lldmon_sink is None:
             return output
         if not (self._lldmon_measure_guard.enabled or self.lldmon_probe_enabled):
             return output
@@ -513,8 +692,12 @@ class MonitoredGRPOTrainer(GRPOTrainer):
         return result
 
     def _compute_loss(self, model: Any, inputs: Any) -> Any:
-        wanted = self.lldmon_active or self._lldmon_probe is not None
-        if not (wanted and self._lldmon_training() and "lldmon_traj_id" in inputs):
+        training = self._lldmon_training()
+        measure = (
+            (self.lldmon_active or self._lldmon_probe is not None) and training and "lldmon_traj_id" in inputs
+        )
+        regularise = training and self._llds_adding()
+        if not (measure or regularise):
             return super()._compute_loss(model, inputs)  # type: ignore[no-untyped-call]
         captured: list[Tensor] = []
         self._lldmon_capture = captured
@@ -523,7 +706,16 @@ class MonitoredGRPOTrainer(GRPOTrainer):
         finally:
             self._lldmon_capture = None
         if captured:
-            self._lldmon_collect(inputs, captured[0])
+            if regularise:
+                loss = self._llds_add(loss, inputs, captured[0])
+            if measure:
+                self._lldmon_collect(inputs, captured[0])
+        elif regularise:
+            self._llds_warn(
+                "no-logp",
+                "lldmon: the loss's log-probs could not be captured (TRL internals changed?); "
+                "the LLDS/SAPO term is not added",
+            )
         return loss
 
     def _lldmon_collect(self, inputs: Mapping[str, Any], logp: Tensor) -> None:
@@ -617,3 +809,243 @@ class MonitoredGRPOTrainer(GRPOTrainer):
         ready = [(s, a) for s, a in self._lldmon_actions if final or s <= step]
         self._lldmon_actions = [(s, a) for s, a in self._lldmon_actions if not (final or s <= step)]
         return ready
+
+    # ------------------------------------------------------------------------------------------
+    # LLDS / SAPO (see the module docstring)
+
+    @property
+    def llds_switch(self) -> LLDSSwitch | None:
+        """The LLDS setting in force for the current optimizer step (None: llds="off")."""
+        return self._llds_switch
+
+    @property
+    def llds_active(self) -> bool:
+        """Whether the LLDS term is added in the current optimizer step."""
+        return self._llds_switch is not None and self._llds_switch.active and self._llds_guard.enabled
+
+    def _llds_agree_mode(self, settings: RegularizerSettings) -> RegularizerSettings:
+        """With several processes, every rank takes the main process's LLDS mode.
+
+        llds="auto" broadcasts the directive at every optimizer step, a collective that every rank
+        must join; the default mode depends on the sink, which a job may pass on the main process
+        only. One broadcast here (every rank constructs the trainer) makes the modes agree.
+        """
+        if int(self.accelerator.num_processes) <= 1:
+            return settings
+        from accelerate.utils import broadcast
+
+        modes: tuple[LLDSMode, ...] = ("off", "on", "auto")
+        try:
+            local = torch.tensor([modes.index(settings.mode)], device=self.accelerator.device)
+            main = modes[int(broadcast(local, from_process=0).item())]
+        except Exception as exc:
+            self._llds_warn(
+                ("mode-broadcast", type(exc).__name__),
+                "lldmon: cannot broadcast the LLDS mode to all processes; each keeps its own: %r",
+                exc,
+            )
+            return settings
+        if main == settings.mode:
+            return settings
+        logger.warning(
+            "lldmon: llds=%r on this process, %r on the main process: using the main process's mode",
+            settings.mode,
+            main,
+        )
+        return dataclasses.replace(settings, mode=main)
+
+    def _llds_adding(self) -> bool:
+        return self._llds_guard.enabled and (
+            (self._llds_switch is not None and self._llds_switch.active) or self.llds_settings.sapo_weight > 0
+        )
+
+    def _llds_check_config(self) -> None:
+        if self._llds_warned_noop or not self.llds_settings.any_on or not self.lldmon_in_loss_deltas_zero:
+            return
+        self._llds_warned_noop = True
+        args: Any = self.args
+        terms = [f"LLDS (llds={self.llds_settings.mode!r})"] if self.llds_settings.mode != "off" else []
+        if self.llds_settings.sapo_weight > 0:
+            terms.append("SAPO's term")
+        logger.warning(
+            "lldmon: %s is a no-op in this configuration: with gradient_accumulation_steps=%d, "
+            "steps_per_generation=%d and num_iterations=%d TRL trains every micro-batch before the first "
+            "optimizer step after its rollout, so old == current log-probs and the term is always 0. Fix: "
+            "steps_per_generation > gradient_accumulation_steps (e.g. steps_per_generation = 2 * "
+            "gradient_accumulation_steps: two optimizer steps per rollout batch) or num_iterations > 1.",
+            " and ".join(terms),
+            args.gradient_accumulation_steps,
+            args.steps_per_generation,
+            self.num_iterations,
+        )
+
+    def _llds_tool_metric_counts(self) -> tuple[int, int]:
+        metrics: Any = self._metrics["train"]
+        return len(metrics.get("tools/call_frequency", ())), len(metrics.get("tools/failure_frequency", ()))
+
+    def _llds_new_tool_metric(self, key: str, before: int) -> float | None:
+        values: Any = self._metrics["train"].get(key, ())
+        return float(values[-1]) if len(values) > before else None
+
+    def _lldmon_tokenizer(self) -> Any:
+        tokenizer = getattr(self, "_tokenizer", None)
+        return tokenizer if tokenizer is not None else self.processing_class
+
+    def _llds_tag_rollout(self, output: dict[str, Any], tool_metrics_before: tuple[int, int]) -> None:
+        """Per rollout batch: LLDS-MA's beta and the answer-span mask column (when beta != 1)."""
+        settings = self.llds_settings
+        completion_mask: Tensor = output["completion_mask"]
+        if settings.answer_weight == "ma":
+            mask = completion_mask * output["tool_mask"] if "tool_mask" in output else completion_mask
+            self._llds_valid_searches, self._llds_beta = ma_answer_weight(
+                self._llds_new_tool_metric("tools/call_frequency", tool_metrics_before[0]),
+                self._llds_new_tool_metric("tools/failure_frequency", tool_metrics_before[1]),
+                mask,
+            )
+        if self._llds_beta != 1.0:
+            output[_ANSWER_MASK_KEY] = answer_token_mask(
+                self._lldmon_tokenizer(), output["completion_ids"], completion_mask, settings.answer_pattern
+            )
+
+    def _llds_add(self, loss: Tensor, inputs: Mapping[str, Any], logp: Tensor) -> Tensor:
+        """`loss` plus the scaled LLDS/SAPO term; `loss` unchanged if computing the term fails."""
+        out = loss
+        with self._llds_guard():
+            out = loss + self._llds_term(inputs, logp)
+        return out
+
+    def _llds_term(self, inputs: Mapping[str, Any], logp: Tensor) -> Tensor:
+        settings, switch = self.llds_settings, self._llds_switch
+        mask: Tensor = inputs["completion_mask"]
+        if "tool_mask" in inputs:
+            mask = mask * inputs["tool_mask"]
+        old: Tensor | None = inputs.get("old_per_token_logps")
+        if old is None:  # TRL's on-policy shortcut: old == current (the term is 0, still attached)
+            old = logp.detach()
+        advantages: Tensor = inputs["advantages"]
+        terms: list[Tensor] = []
+        llds_part: tuple[Tensor, LLDSStats] | None = None
+        sapo_part: tuple[Tensor, SAPOStats] | None = None
+        if switch is not None and switch.active:
+            answer_mask: Tensor | None = inputs.get(_ANSWER_MASK_KEY)
+            llds_part = llds_loss(
+                logp,
+                old,
+                mask,
+                advantages,
+                gate=settings.gate,
+                answer_mask=answer_mask,
+                answer_weight=self._llds_beta if answer_mask is not None else 1.0,
+                normalize=settings.normalize,
+            )
+            terms.append(switch.lam * llds_part[0])
+        if settings.sapo_weight > 0 and settings.sapo_threshold is not None:
+            sapo_part = sapo_kl_loss(
+                logp, old, mask, advantages, threshold=settings.sapo_threshold, normalize=settings.normalize
+            )
+            terms.append(settings.sapo_weight * sapo_part[0])
+        if not terms:
+            return logp.new_zeros(())
+        args: Any = self.args
+        scale = term_scale(
+            loss_type=str(self.loss_type),
+            normalize=settings.normalize,
+            grad_accum=int(
+                getattr(self, "current_gradient_accumulation_steps", args.gradient_accumulation_steps)
+            ),
+            n_loss_tokens=(mask != 0).sum(),
+            num_items_in_batch=inputs.get("num_items_in_batch"),
+            num_processes=int(self.accelerator.num_processes),
+            steps_per_generation=int(args.steps_per_generation),
+        )
+        term = (terms[0] if len(terms) == 1 else terms[0] + terms[1]) * scale
+        if llds_part is not None:
+            self._llds_step_stats.add_llds(*llds_part)
+        if sapo_part is not None:
+            self._llds_step_stats.add_sapo(*sapo_part)
+        return term
+
+    def _llds_step_begin(self, step: int) -> None:
+        """Fix the LLDS setting of optimizer step `step` (auto: the sink's directive, read once here)."""
+        self._llds_step_stats.clear()
+        if self.llds_settings.mode != "auto":
+            return
+        switch: LLDSSwitch | None = None
+        if self._lldmon_is_main():
+            try:
+                switch = read_directive(self.lldmon_sink)
+            except Exception as exc:
+                self._llds_warn(
+                    ("directive", type(exc).__name__),
+                    "lldmon: cannot read the sink's directive; LLDS keeps its current setting: %r",
+                    exc,
+                )
+        if int(self.accelerator.num_processes) > 1:
+            switch = self._llds_broadcast(switch)
+        if switch is not None:
+            self._llds_apply(switch, step)
+
+    def _llds_broadcast(self, switch: LLDSSwitch | None) -> LLDSSwitch | None:
+        """The main process's directive on every rank, so all ranks add the same term."""
+        from accelerate.utils import broadcast
+
+        device = self.accelerator.device
+        dtype = torch.float32 if device.type == "mps" else torch.float64
+        values = [0.0, 0.0, 0.0, -1.0]
+        if switch is not None:
+            version = switch.version if switch.version is not None else -1
+            values = [1.0, float(switch.enabled), switch.lam, float(version)]
+        try:
+            has, enabled, lam, version_f = broadcast(
+                torch.tensor(values, dtype=dtype, device=device), from_process=0
+            ).tolist()
+        except Exception as exc:
+            self._llds_warn(
+                ("broadcast", type(exc).__name__),
+                "lldmon: cannot broadcast the LLDS directive to all processes; each keeps its own: %r",
+                exc,
+            )
+            return switch
+        if not has:
+            return None
+        reason = switch.reason if switch is not None else ""
+        return LLDSSwitch(
+            enabled=bool(enabled), lam=lam, version=int(version_f) if version_f >= 0 else None, reason=reason
+        )
+
+    def _llds_apply(self, switch: LLDSSwitch, step: int) -> None:
+        current = self._llds_switch
+        changed = (
+            not self._llds_directive_seen
+            or current is None
+            or (switch.enabled, switch.lam, switch.version) != (current.enabled, current.lam, current.version)
+        )
+        self._llds_directive_seen = True
+        self._llds_switch = switch
+        if changed and self._lldmon_is_main():
+            logger.info(
+                "lldmon: LLDS %s from optimizer step %d by the service's directive (version %s, reason: %s)%s",
+                "on" if switch.active else "off",
+                step,
+                switch.version,
+                switch.reason or "-",
+                f", lambda={switch.lam:g}" if switch.enabled else "",
+            )
+
+    def _llds_step_end(self, step: int) -> None:
+        """Queue the step's llds/* (and sapo/*) metrics for the sink (main process)."""
+        if self.lldmon_sink is None or not self._lldmon_is_main():
+            self._llds_step_stats.clear()
+            return
+        switch = self._llds_switch
+        if switch is not None and not self._llds_guard.enabled:  # switched off by a failure
+            switch = LLDSSwitch(enabled=False, lam=0.0)
+        sapo = self.llds_settings.sapo_weight if self._llds_guard.enabled else 0.0
+        try:
+            metrics = self._llds_step_stats.finish(llds=switch, sapo_weight=sapo)
+        except Exception as exc:
+            self._llds_step_stats.clear()
+            self._llds_warn(("llds-metrics", type(exc).__name__), "lldmon: llds/* metrics failed: %r", exc)
+            return
+        if metrics:
+            self._lldmon_metrics.setdefault(step, {}).update(metrics)

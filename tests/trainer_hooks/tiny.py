@@ -25,6 +25,9 @@ from typing import Any
 TOOL_CALL_TEXT = '<tool_call>\n{"name": "search", "arguments": {"query": "paris"}}\n</tool_call>'
 """Content of the added token that spells one complete `search` tool call."""
 
+ANSWER_TEXT = "<answer>paris</answer>"
+"""Content of the optional added token (`build_tokenizer(answer_token=True)`) that spells a final answer."""
+
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 CHAT_TEMPLATE = (
@@ -95,8 +98,12 @@ def hashed_reward(completions: list[Any], **kwargs: Any) -> list[float]:
     return out
 
 
-def build_tokenizer(vocab_size: int = 320) -> Any:
-    """Byte-level BPE trained in memory, wrapped in a `PreTrainedTokenizerFast` with a tool-capable template."""
+def build_tokenizer(vocab_size: int = 320, *, answer_token: bool = False) -> Any:
+    """Byte-level BPE trained in memory, wrapped in a `PreTrainedTokenizerFast` with a tool-capable template.
+
+    `answer_token=True` adds one more token spelling `ANSWER_TEXT` (after the tool-call token), for
+    runs that need `<answer>...</answer>` spans in the completions (see `generation_kwargs`).
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
     from trl.chat_template_utils import qwen3_template
@@ -119,6 +126,8 @@ def build_tokenizer(vocab_size: int = 320) -> Any:
         chat_template=CHAT_TEMPLATE,
     )
     fast.add_tokens([TOOL_CALL_TEXT])
+    if answer_token:
+        fast.add_tokens([ANSWER_TEXT])
     fast.response_template = qwen3_template
     return fast
 
@@ -170,10 +179,27 @@ def build_dataset(n: int = 8) -> Any:
     return Dataset.from_dict({"prompt": prompts})
 
 
-def generation_kwargs(tokenizer: Any, *, tool_bias: float = 4.0, eos_bias: float = 2.5) -> dict[str, Any]:
-    """Sampling bias that makes the random model call the tool and stop after a few tokens."""
+def answer_token_id(tokenizer: Any) -> int:
+    """Id of the `ANSWER_TEXT` token (`build_tokenizer(answer_token=True)`)."""
+    token_id = tokenizer.convert_tokens_to_ids(ANSWER_TEXT)
+    assert isinstance(token_id, int) and token_id != tokenizer.unk_token_id
+    return token_id
+
+
+def generation_kwargs(
+    tokenizer: Any, *, tool_bias: float = 4.0, eos_bias: float = 2.5, answer_bias: float | None = None
+) -> dict[str, Any]:
+    """Sampling bias that makes the random model call the tool and stop after a few tokens.
+
+    With `answer_bias` (tokenizer built with `answer_token=True`) the `ANSWER_TEXT` token gets that
+    bias too and is likely followed by `<|im_end|>`, so completions end with an answer span.
+    """
     call, eos = tool_call_token_id(tokenizer), tokenizer.eos_token_id
-    return {"sequence_bias": [[[call], tool_bias], [[eos], eos_bias], [[call, eos], 30.0]]}
+    bias: list[list[Any]] = [[[call], tool_bias], [[eos], eos_bias], [[call, eos], 30.0]]
+    if answer_bias is not None:
+        answer = answer_token_id(tokenizer)
+        bias += [[[answer], answer_bias], [[answer, eos], 30.0]]
+    return {"sequence_bias": bias}
 
 
 def grpo_config(output_dir: str | Path, tokenizer: Any, **overrides: Any) -> Any:
