@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from contracts.wire import encode_float
+from contracts.wire import NAN, NEG_INF, POS_INF
 from monitor.domain import DirectiveInfo, MetricSummary, PhaseEventInfo, Principal, Series
 from monitor.errors import InvalidInput
 from monitor.services.downsample import minmax_indices
@@ -50,19 +50,24 @@ class QueryService:
         return series
 
     def history_csv(self, series: list[Series]) -> str:
-        """Wide CSV: one row per step, one column per metric; empty cell = not logged."""
-        by_step: dict[int, dict[str, float]] = {}
-        for s in series:
-            for step, value in zip(s.steps, s.values, strict=True):
-                by_step.setdefault(step, {})[s.name] = value
-        out = io.StringIO()
-        writer = csv.writer(out, lineterminator="\n")
-        names = [s.name for s in series]
-        writer.writerow(["step", *names])
-        for step in sorted(by_step):
-            row = by_step[step]
-            writer.writerow([step, *(_csv_cell(row.get(n)) for n in names)])
-        return out.getvalue()
+        """Wide CSV: one row per step, one column per metric; empty cell = not logged.
+
+        Built column-wise with numpy (a 10,000-step run with 30 metrics is 300,000 cells).
+        """
+        header = ",".join(["step", *(_csv_quote(s.name) for s in series)])
+        if not series:
+            return header + "\n"
+        all_steps = np.unique(np.concatenate([np.asarray(s.steps, dtype=np.int64) for s in series]))
+        cells = np.full((len(all_steps), len(series) + 1), "", dtype=object)
+        cells[:, 0] = all_steps.astype(str)
+        for j, s in enumerate(series, start=1):
+            values = np.asarray(s.values, dtype=np.float64)
+            text = values.astype(str).astype(object)
+            text[np.isnan(values)] = NAN
+            text[values == np.inf] = POS_INF
+            text[values == -np.inf] = NEG_INF
+            cells[np.searchsorted(all_steps, np.asarray(s.steps, dtype=np.int64)), j] = text
+        return header + "\n" + "\n".join(",".join(row) for row in cells.tolist()) + "\n"
 
     def actions(
         self,
@@ -123,7 +128,8 @@ def downsample(series: Series, max_points: int) -> Series:
     )
 
 
-def _csv_cell(value: float | None) -> str | float:
-    if value is None:
-        return ""
-    return encode_float(value)
+def _csv_quote(name: str) -> str:
+    """Metric names are free text: quote them the way the csv module would."""
+    out = io.StringIO()
+    csv.writer(out, lineterminator="").writerow([name])
+    return out.getvalue()

@@ -6,6 +6,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
 from sqlalchemy import Connection, func, select
 
 from monitor.db.models import ActionRecord, StepMetric
@@ -53,14 +54,22 @@ def read_series(
 
 
 def _group(rows: Iterable[Any]) -> list[Series]:
-    out: dict[str, Series] = {}
-    for name, step, value in rows:
-        series = out.get(name)
-        if series is None:
-            series = out[name] = Series(name=name, steps=[], values=[])
-        series.steps.append(int(step))
-        series.values.append(math.nan if value is None else float(value))
-    return list(out.values())
+    """Rows ordered by (name, step) -> one Series per name, without per-row Python objects."""
+    columns = list(zip(*rows, strict=True))
+    if not columns:
+        return []
+    names, steps, values = columns
+    step_arr = np.fromiter(steps, dtype=np.int64, count=len(steps))
+    value_arr = np.fromiter(
+        (math.nan if v is None else v for v in values), dtype=np.float64, count=len(values)
+    )
+    name_arr = np.asarray(names, dtype=object)
+    starts = [0, *(np.flatnonzero(name_arr[1:] != name_arr[:-1]) + 1).tolist()]
+    ends = [*starts[1:], len(names)]
+    return [
+        Series(name=names[a], steps=step_arr[a:b].tolist(), values=value_arr[a:b].tolist())
+        for a, b in zip(starts, ends, strict=True)
+    ]
 
 
 def read_actions(

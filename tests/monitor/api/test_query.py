@@ -82,3 +82,13 @@ def test_alerts_and_events_start_empty(client: TestClient) -> None:
     assert client.get(f"{API_PREFIX}/runs/{run_id}/events").json() == []
     assert client.get(f"{API_PREFIX}/runs/{run_id}/alerts", params={"status": "bogus"}).status_code == 422
     assert client.get(f"{API_PREFIX}/runs/77/alerts").status_code == 404
+
+
+def test_csv_quotes_names_and_aligns_sparse_series(client: TestClient) -> None:
+    run_id = new_run(client)
+    client.post(
+        f"{API_PREFIX}/runs/{run_id}/metrics",
+        json=metrics_batch([0, 5, 9], {'odd,"name"': [1.5, None, "-Infinity"], "z": [None, 2.0, None]}),
+    )
+    text = client.get(f"{API_PREFIX}/runs/{run_id}/metrics", params={"format": "csv"}).text
+    assert text.splitlines() == ['step,"odd,""name""",z', "0,1.5,", "5,,2.0", "9,-Infinity,"]
