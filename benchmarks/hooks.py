@@ -6,6 +6,9 @@ tokenizer, a `search` tool, CPU) in three variants, repetitions interleaved (A B
 - `plain`: `trl.GRPOTrainer`;
 - `hooks`: `MonitoredGRPOTrainer` with an in-memory sink, probe off (in-loss measurement + name mapping);
 - `hooks+probe`: the same with the post-update probe (`--probe-size` rows every step);
+- `client`: `hooks` streaming through the real `MonitorClient` to a live `lldmon serve`;
+- `client-down`: the same client pointed at a server that accepts connections and never answers
+  (the worst kind of outage: every request hangs until its timeout, then batches go to the spool);
 - `hooks+llds`: `hooks` with the LLDS regulariser on (`llds="on"`, lambda 0.2, action gate): the
   term is computed from the loss's own log-probs and backpropagated with it. Its overhead is
   reported against `hooks` (the same trainer with LLDS off) as well.
@@ -51,7 +54,7 @@ from transformers.trainer_callback import PrinterCallback  # noqa: E402
 
 from tests.trainer_hooks import tiny  # noqa: E402
 
-VARIANTS = ("plain", "hooks", "hooks+probe", "hooks+llds")
+VARIANTS = ("plain", "hooks", "hooks+probe", "hooks+llds", "client", "client-down")
 
 # Monitoring code paths of MonitoredGRPOTrainer (methods that do nothing but monitoring).
 HOOK_METHODS = ("_lldmon_tag_rollout", "_lldmon_collect", "_lldmon_step_end")
@@ -96,7 +99,13 @@ def _timed(fn: Callable[..., Any], bucket: list[float]) -> Callable[..., Any]:
 
 
 def run(
-    variant: str, steps: int, batch: int, probe_size: int, probe_interval: int, workdir: Path
+    variant: str,
+    steps: int,
+    batch: int,
+    probe_size: int,
+    probe_interval: int,
+    workdir: Path,
+    urls: Mapping[str, str] | None = None,
 ) -> tuple[float, float]:
     """One training run; returns (median step time in s, hook seconds per step)."""
     from trl import GRPOTrainer
@@ -129,19 +138,28 @@ def run(
     if variant == "plain":
         trainer = GRPOTrainer(**common)
     else:
+        sink: Any = NullSink()
+        if variant.startswith("client"):
+            from trainer_hooks.client import MonitorClient
+
+            assert urls is not None
+            sink = MonitorClient(urls[variant], workdir.name, spool_dir=workdir / "spool", timeout=2.0)
         trainer = MonitoredGRPOTrainer(
             **common,
-            lldmon_sink=NullSink(),
+            lldmon_sink=sink,
             probe_size=probe_size if variant == "hooks+probe" else 0,
             probe_interval=probe_interval,
             llds="on" if variant == "hooks+llds" else "off",
         )
+        trainer._lldmon_bench_sink = sink
         for name in HOOK_METHODS + (LLDS_METHODS if variant == "hooks+llds" else ()):
             setattr(trainer, name, _timed(getattr(trainer, name), hook_time))
         callback = trainer._lldmon_callback
         callback._send = _timed(callback._send, hook_time)
     trainer.remove_callback(PrinterCallback)
     trainer.train()
+    if variant.startswith("client"):
+        trainer._lldmon_bench_sink.close(timeout=5)  # after the timed steps
     ends = clock.ends
     cycles = [(ends[i + spg] - ends[i]) / spg for i in range(spg - 1, len(ends) - spg, spg)]
     warm = cycles[1:] if len(cycles) > 2 else cycles
@@ -177,7 +195,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     step_s: dict[str, list[float]] = {v: [] for v in VARIANTS}
     hook_s: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    with tempfile.TemporaryDirectory() as tmp:
+    from tests.live_server import LiveServer, blackhole
+
+    with tempfile.TemporaryDirectory() as tmp, blackhole() as dead_url:
+        server = LiveServer(Path(tmp) / "server").start()
+        urls = {"client": server.url, "client-down": dead_url}
+        print(f"live server {server.url}; unresponsive server {dead_url}")
         for rep in range(args.reps):
             for variant in VARIANTS:
                 med, hooks = run(
@@ -187,12 +210,14 @@ def main(argv: list[str] | None = None) -> None:
                     args.probe_size,
                     args.probe_interval,
                     Path(tmp) / f"{variant}-{rep}",
+                    urls,
                 )
                 step_s[variant].append(med)
                 hook_s[variant].append(hooks)
                 print(
                     f"  rep {rep} {variant:12s} step {med * 1e3:8.1f} ms   hook code {hooks * 1e3:7.2f} ms/step"
                 )
+        server.stop()
     base = statistics.median(step_s["plain"])
     print(f"{'variant':12s} {'median step':>12s} {'vs plain':>9s} {'hook code':>10s} {'hook share':>10s}")
     for variant in VARIANTS:
@@ -202,6 +227,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{variant:12s} {med * 1e3:9.1f} ms {100 * (med / base - 1):+8.1f}% "
             f"{hooks * 1e3:7.2f} ms {100 * hooks / med:9.2f}%"
         )
+    live, down = statistics.median(step_s["client"]), statistics.median(step_s["client-down"])
+    print(f"server down vs up (client-down vs client): {100 * (down / live - 1):+.1f}% step time")
     off, on = statistics.median(step_s["hooks"]), statistics.median(step_s["hooks+llds"])
     print(
         f"LLDS on vs off (hooks+llds vs hooks): {100 * (on / off - 1):+.1f}% step time "

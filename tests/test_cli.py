@@ -125,5 +125,7 @@ def test_eval_reports_targets() -> None:
     assert result.exit_code == 0, result.output
     assert "median lead time, collapse runs with hooks" in result.output
     assert "collapse findings / critical flags on controls" in result.output
-    missing = runner.invoke(app, ["eval", "--collapse", "1", "--controls", "0", "--real-runs", "/nonexistent"])
+    missing = runner.invoke(
+        app, ["eval", "--collapse", "1", "--controls", "0", "--real-runs", "/nonexistent"]
+    )
     assert missing.exit_code == 2
