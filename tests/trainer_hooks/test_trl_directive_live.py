@@ -52,7 +52,12 @@ def test_service_directive_switches_llds_on_mid_run(tmp_path: Path) -> None:
         trainer = MonitoredGRPOTrainer(
             **_trainer_kwargs(tmp_path, max_steps=6), lldmon_sink=client, probe_size=0
         )
-        assert client.flush(30) and client.run_id is not None
+        # The client registers the run from its background thread: wait for that, not just the queue.
+        client.log(0, {"test/heartbeat": 1.0})
+        deadline = time.monotonic() + 30
+        while client.run_id is None and time.monotonic() < deadline:
+            client.flush(1)
+        assert client.run_id is not None
         trainer.add_callback(flip_directive_callback(server, client))
         trainer.train()
         client.close()
