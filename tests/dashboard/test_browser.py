@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,8 @@ import numpy as np
 import pytest
 
 from contracts.wire import API_PREFIX
-from monitor.detector.scenarios import Scenario, collapse_scenario
+from monitor.detector.scenarios import collapse_scenario
+from tests.dashboard.test_callbacks import head, tail
 from tests.live_server import LiveServer
 from tests.monitor.api.test_detection_flow import stream
 
@@ -57,24 +57,6 @@ return {
   markers: gd.data.filter(t => t.name === 'events').map(t => t.customdata || []),
 };
 """
-
-
-def head(scenario: Scenario, n: int) -> Scenario:
-    return replace(
-        scenario,
-        steps=scenario.steps[:n],
-        values={k: v[:n] for k, v in scenario.values.items()},
-        present={k: v[:n] for k, v in scenario.present.items()},
-    )
-
-
-def tail(scenario: Scenario, n: int) -> Scenario:
-    return replace(
-        scenario,
-        steps=scenario.steps[n:],
-        values={k: v[n:] for k, v in scenario.values.items()},
-        present={k: v[n:] for k, v in scenario.present.items()},
-    )
 
 
 def probe_actions(steps: range, per_step: int = 32) -> dict[str, Any]:
