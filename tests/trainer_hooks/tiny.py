@@ -28,6 +28,8 @@ TOOL_CALL_TEXT = '<tool_call>\n{"name": "search", "arguments": {"query": "paris"
 ANSWER_TEXT = "<answer>paris</answer>"
 """Content of the optional added token (`build_tokenizer(answer_token=True)`) that spells a final answer."""
 
+EXAMPLE_SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "search_r1_grpo.py"
+
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 CHAT_TEMPLATE = (
@@ -139,29 +141,23 @@ def tool_call_token_id(tokenizer: Any) -> int:
 
 
 def build_model(tokenizer: Any, *, hidden: int = 32, layers: int = 2, seed: int = 0) -> Any:
-    """Randomly initialised Qwen2 causal LM sized to `tokenizer` (float32, CPU)."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    """Randomly initialised Qwen2 causal LM sized to `tokenizer` (float32, CPU): the example's recipe."""
+    return _example().build_tiny_model(tokenizer, hidden=hidden, layers=layers, ffn_mult=2, seed=seed)
 
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-    )
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.bos_token_id = None
-    return model
+
+def _example() -> Any:
+    """examples/search_r1_grpo.py as a module (examples are scripts, not a package)."""
+    import importlib.util
+    import sys
+
+    name = "lldmon_example_search_r1_grpo"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, EXAMPLE_SCRIPT)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def make_loadable(model: Any, path: str | Path) -> Any:

