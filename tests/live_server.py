@@ -40,8 +40,15 @@ def blackhole() -> Iterator[str]:
 
 
 class LiveServer:
-    def __init__(self, data_dir: Path, port: int | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        env: dict[str, str] | None = None,
+        database_url: str | None = None,
+    ) -> None:
         self.data_dir = data_dir
+        self.database_url = database_url  # None: the embedded SQLite file of data_dir
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api = self.url + API_PREFIX
@@ -60,7 +67,8 @@ class LiveServer:
         env.pop("LLDMON_DATABASE_URL", None)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed when the process ends
         self._proc = subprocess.Popen(
-            [exe, "serve", "--data-dir", str(self.data_dir), "--host", "127.0.0.1", "--port", str(self.port)],
+            [exe, "serve", "--data-dir", str(self.data_dir), "--host", "127.0.0.1", "--port", str(self.port)]
+            + (["--database-url", self.database_url] if self.database_url else []),
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,

@@ -69,6 +69,10 @@ def metric_name_problem(name: object) -> str | None:
         return f"metric names must have 1 to {MAX_METRIC_NAME_LENGTH} characters"
     if "\x00" in name:
         return "metric names must not contain NUL characters"
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "metric names must be valid unicode (no lone surrogates)"
     return None
 
 

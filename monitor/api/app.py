@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from contracts.wire import API_PREFIX
 from monitor.alerting.sinks import Dispatcher, LogSink, Sink, SlackSink, WebhookSink
+from monitor.api.body import BodyLimitMiddleware
 from monitor.api.errors import install_error_handlers
 from monitor.api.routes import ingest, ops, query, runs
 from monitor.api.state import AppState
@@ -129,6 +130,7 @@ def create_app(
     )
     app.state.lldmon = state
     install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
     for router in (runs.router, ingest.router, query.router):
         app.include_router(router, prefix=API_PREFIX)
     app.include_router(ops.router)

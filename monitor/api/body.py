@@ -1,12 +1,73 @@
-"""Read a request body under a size limit, before holding it whole; gunzip with the same limit."""
+"""Request bodies under a size limit: for every route (`BodyLimitMiddleware`: JSON bodies, dashboard
+callbacks) and, for ingest, read before holding it whole and gunzipped with the same limit."""
 
 from __future__ import annotations
 
 import zlib
 
 from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from monitor.api.errors import ErrorResponse
 from monitor.errors import InvalidInput, PayloadTooLarge
+
+
+class BodyLimitMiddleware:
+    """413 for a body over `limit` bytes: at once on its Content-Length, else as soon as the
+    streamed (e.g. chunked) body passes the limit. Without it a route with a JSON body would buffer
+    whatever an unauthenticated client sends (FastAPI reads the body before checking the token)."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            message = f"body of {int(declared)} bytes exceeds the limit of {self.limit} bytes"
+            await self._reject(scope, receive, send, message)
+            return
+        received = 0
+        started = rejected = False
+
+        async def limited_receive() -> Message:
+            nonlocal received, rejected
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    text = f"body exceeds the limit of {self.limit} bytes"
+                    if not started and not rejected:
+                        # Answer here: routes turn any error while parsing a JSON body into a 400.
+                        rejected = True
+                        await self._reject(scope, receive, send, text)
+                    raise PayloadTooLarge(text, field="body")  # stops the route reading on
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if rejected:  # the 413 is out: whatever the route makes of the aborted read is dropped
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except Exception:
+            if not rejected:
+                raise
+
+    @staticmethod
+    async def _reject(scope: Scope, receive: Receive, send: Send, message: str) -> None:
+        response = ErrorResponse(
+            status_code=PayloadTooLarge.status_code,
+            content={"error": {"code": PayloadTooLarge.code, "message": message, "field": "body"}},
+            headers={"Connection": "close"},  # the rest of the body is never read
+        )
+        await response(scope, receive, send)
 
 
 async def read_limited_body(request: Request, limit: int) -> bytes:

@@ -2,16 +2,40 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import math
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from contracts.wire import encode_float
 from monitor.errors import LLDMonError
 
 log = logging.getLogger("lldmon.api")
+
+
+class ErrorResponse(JSONResponse):
+    """JSON that renders whatever input an error echoes: non-ASCII as escapes (a lone surrogate
+    cannot be encoded as UTF-8) and non-finite floats as their wire strings (strict JSON)."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(
+            _finite(content), ensure_ascii=True, allow_nan=False, separators=(",", ":")
+        ).encode()
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return encode_float(value)
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -20,7 +44,7 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status_code >= 500:
             log.warning("%s: %s", exc.code, exc.message, exc_info=exc.__cause__)
         headers = {"Retry-After": "1"} if exc.status_code == 503 else None
-        return JSONResponse(
+        return ErrorResponse(
             status_code=exc.status_code,
             content={"error": {"code": exc.code, "message": exc.message, "field": exc.field}},
             headers=headers,
@@ -32,7 +56,7 @@ def install_error_handlers(app: FastAPI) -> None:
         first = errors[0] if errors else {}
         field = ".".join(str(p) for p in first.get("loc", ()))
         message = f"{field}: {first.get('msg', 'invalid input')}" if field else "invalid input"
-        return JSONResponse(
+        return ErrorResponse(
             status_code=422,
             content={
                 "error": {"code": "invalid_input", "message": message, "field": field or None},
@@ -43,6 +67,6 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=exc)
-        return JSONResponse(
+        return ErrorResponse(
             status_code=500, content={"error": {"code": "internal_error", "message": "internal error"}}
         )

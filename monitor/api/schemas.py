@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from monitor.api.unicode import invalid_text_path
 from monitor.domain import DEFAULT_LLDS_LAMBDA, AlertInfo, DirectiveInfo, IngestAck, PhaseEventInfo, RunInfo
 
 Name = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00]+$")]
@@ -16,6 +17,15 @@ Tag = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00]+$")]
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_text(cls, data: Any) -> Any:
+        """Refuse lone surrogates anywhere in the body (see `monitor.api.unicode`)."""
+        where = invalid_text_path(data)
+        if where is not None:
+            raise ValueError(f"{where}: not valid Unicode text (lone surrogate escape such as \\ud800)")
+        return data
 
 
 class RunCreate(_Strict):
@@ -99,7 +109,7 @@ class LLDSIn(_Strict):
 
 class DirectiveIn(_Strict):
     llds: LLDSIn
-    reason: str = Field(default="", max_length=2000)
+    reason: str = Field(default="", max_length=2000, pattern=r"^[^\x00]*$")
 
 
 class IngestAckOut(BaseModel):

@@ -15,6 +15,7 @@ import msgspec
 
 from contracts.metrics import MAX_METRIC_NAME_LENGTH
 from contracts.wire import BATCH_ID_MAX_LENGTH, NONFINITE_STRINGS
+from monitor.api.unicode import is_valid_text, printable
 from monitor.domain import ActionColumns, MetricsColumns
 from monitor.errors import InvalidInput
 
@@ -68,6 +69,10 @@ def decode_metrics(body: bytes) -> tuple[str, MetricsColumns]:
             )
         if "\x00" in name:
             raise InvalidInput("metric names must not contain NUL characters", field=field)
+        if not is_valid_text(name):
+            raise InvalidInput(
+                "metric names must be valid Unicode (no lone surrogate escapes)", field=printable(field)
+            )
         if len(column) != n:
             raise InvalidInput(f"has {len(column)} values but steps has {n}", field=field)
         for step, raw in zip(wire.steps, column, strict=True):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Final
 
 from contracts.wire import DIRECTIVE_POLICIES, RUN_STATUSES
 from monitor.domain import Principal, RunFilter, RunInfo
@@ -13,6 +13,8 @@ from monitor.store import Database
 from monitor.store import runs as run_store
 
 DEFAULT_PROJECT = "default"
+MAX_RUN_ID: Final = 2**31 - 1
+"""runs.id is a 32-bit INTEGER on PostgreSQL: a larger id cannot exist (and would overflow the driver)."""
 
 
 class RunService:
@@ -37,6 +39,8 @@ class RunService:
             return run_store.create_run(conn, project_id, name, config, tags)
 
     def get(self, principal: Principal, run_id: int) -> RunInfo:
+        if not 0 <= run_id <= MAX_RUN_ID:  # e.g. from a dashboard URL
+            raise NotFound(f"run {run_id} does not exist")
         with self.db.read() as conn:
             run = run_store.get_run(conn, run_id)
         if run is None:

@@ -278,7 +278,7 @@ def test_bad_input_never_raises_and_bad_names_are_dropped_client_side(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="lldmon.client")
     client = make_client(server.url, "sloppy")
-    client.log(0, {"": 1.0, "ok": 1.0, "x" * 300: 2.0, "nan-ok": math.nan})
+    client.log(0, {"": 1.0, "ok": 1.0, "x" * 300: 2.0, "nan-ok": math.nan, "bad\ud800": 1.0})
     client.log(1, {"": 1.0, "ok": 2.0, "obj": object(), "none": None})  # type: ignore[dict-item]
     client.log(-1, {"ok": 3.0})
     client.log("two", {"ok": 3.0})  # type: ignore[arg-type]
@@ -294,6 +294,7 @@ def test_bad_input_never_raises_and_bad_names_are_dropped_client_side(
     assert set(series) == {"ok", "nan-ok"}
     messages = [r.getMessage() for r in caplog.records]
     assert sum("dropping metric ''" in m for m in messages) == 1  # warned once, not per call
+    assert any("lone surrogates" in m for m in messages)  # dropped here, not a 422 for the batch
     assert client.stats.rejected == 0
 
 

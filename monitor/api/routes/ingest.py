@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from monitor.api.body import read_limited_body
+from monitor.api.params import RunId
 from monitor.api.schemas import ErrorOut, IngestAckOut
 from monitor.api.state import AppState, get_principal, get_state
 from monitor.api.wire import decode_actions, decode_metrics
@@ -38,7 +39,7 @@ def _body_doc(schema_name: str) -> dict[str, Any]:
     openapi_extra=_body_doc("MetricsBatchWire"),
 )
 async def ingest_metrics(
-    run_id: int,
+    run_id: RunId,
     request: Request,
     state: AppState = Depends(get_state),
     principal: Principal = Depends(get_principal),
@@ -59,7 +60,7 @@ async def ingest_metrics(
     openapi_extra=_body_doc("ActionsBatchWire"),
 )
 async def ingest_actions(
-    run_id: int,
+    run_id: RunId,
     request: Request,
     state: AppState = Depends(get_state),
     principal: Principal = Depends(get_principal),

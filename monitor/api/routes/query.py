@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import APIRouter, Depends, Query, Response
+from pydantic import Field
 
 from contracts.wire import encode_float
+from monitor.api.params import MAX_BIGINT, NO_NUL, AlertId, RunId
 from monitor.api.schemas import (
     AlertOut,
     DetectorOverridesIn,
@@ -28,10 +30,12 @@ _ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorOut} for code i
 
 @router.get("/metrics", response_model=HistoryOut, responses=_ERRORS)
 def metric_history(
-    run_id: int,
-    names: list[str] | None = Query(None, description="Metric names; repeat the parameter. Default: all."),
-    step_min: int | None = Query(None, ge=0),
-    step_max: int | None = Query(None, ge=0),
+    run_id: RunId,
+    names: list[Annotated[str, Field(pattern=NO_NUL)]] | None = Query(
+        None, description="Metric names; repeat the parameter. Default: all."
+    ),
+    step_min: int | None = Query(None, ge=0, le=MAX_BIGINT),
+    step_max: int | None = Query(None, ge=0, le=MAX_BIGINT),
     max_points: int | None = Query(
         None, ge=1, le=100_000, description="Downsample each series (min/max buckets keep spikes)."
     ),
@@ -56,7 +60,7 @@ def metric_history(
 
 @router.get("/metric-names", response_model=list[MetricNameOut], responses=_ERRORS)
 def metric_names(
-    run_id: int, state: AppState = Depends(get_state), principal: Principal = Depends(get_principal)
+    run_id: RunId, state: AppState = Depends(get_state), principal: Principal = Depends(get_principal)
 ) -> list[MetricNameOut]:
     return [
         MetricNameOut(name=m.name, points=m.points, first_step=m.first_step, last_step=m.last_step)
@@ -66,9 +70,9 @@ def metric_names(
 
 @router.get("/actions", responses=_ERRORS)
 def action_records(
-    run_id: int,
-    step_min: int | None = Query(None, ge=0),
-    step_max: int | None = Query(None, ge=0),
+    run_id: RunId,
+    step_min: int | None = Query(None, ge=0, le=MAX_BIGINT),
+    step_max: int | None = Query(None, ge=0, le=MAX_BIGINT),
     source: Literal["loss", "probe"] | None = None,
     limit: int = Query(50_000, ge=1, le=200_000),
     state: AppState = Depends(get_state),
@@ -83,7 +87,7 @@ def action_records(
 
 @router.get("/directive", response_model=DirectiveOut, responses=_ERRORS)
 def get_directive(
-    run_id: int, state: AppState = Depends(get_state), principal: Principal = Depends(get_principal)
+    run_id: RunId, state: AppState = Depends(get_state), principal: Principal = Depends(get_principal)
 ) -> DirectiveOut:
     """What the trainer should do now (also returned with every ingest acknowledgement)."""
     return DirectiveOut.of(state.query.directive(principal, run_id))
@@ -91,7 +95,7 @@ def get_directive(
 
 @router.put("/directive", response_model=DirectiveOut, responses=_ERRORS)
 def set_directive(
-    run_id: int,
+    run_id: RunId,
     body: DirectiveIn,
     state: AppState = Depends(get_state),
     principal: Principal = Depends(get_principal),
@@ -105,14 +109,14 @@ def set_directive(
 
 @router.get("/directives", response_model=list[DirectiveOut], responses=_ERRORS)
 def directive_history(
-    run_id: int, state: AppState = Depends(get_state), principal: Principal = Depends(get_principal)
+    run_id: RunId, state: AppState = Depends(get_state), principal: Principal = Depends(get_principal)
 ) -> list[DirectiveOut]:
     return [DirectiveOut.of(d) for d in state.query.directive_history(principal, run_id)]
 
 
 @router.get("/alerts", response_model=list[AlertOut], responses=_ERRORS)
 def list_alerts(
-    run_id: int,
+    run_id: RunId,
     status: Literal["open", "acknowledged", "resolved"] | None = None,
     state: AppState = Depends(get_state),
     principal: Principal = Depends(get_principal),
@@ -122,8 +126,8 @@ def list_alerts(
 
 @router.post("/alerts/{alert_id}/ack", response_model=AlertOut, responses=_ERRORS)
 def acknowledge_alert(
-    run_id: int,
-    alert_id: int,
+    run_id: RunId,
+    alert_id: AlertId,
     state: AppState = Depends(get_state),
     principal: Principal = Depends(get_principal),
 ) -> AlertOut:
@@ -133,7 +137,7 @@ def acknowledge_alert(
 
 @router.put("/detector", responses=_ERRORS)
 def set_detector_overrides(
-    run_id: int,
+    run_id: RunId,
     body: DetectorOverridesIn,
     state: AppState = Depends(get_state),
     principal: Principal = Depends(get_principal),
@@ -144,7 +148,7 @@ def set_detector_overrides(
 
 @router.get("/events", response_model=list[PhaseEventOut], responses=_ERRORS)
 def list_phase_events(
-    run_id: int, state: AppState = Depends(get_state), principal: Principal = Depends(get_principal)
+    run_id: RunId, state: AppState = Depends(get_state), principal: Principal = Depends(get_principal)
 ) -> list[PhaseEventOut]:
     """Phase changes of the run with their evidence."""
     return [PhaseEventOut.of(e) for e in state.query.phase_events(principal, run_id)]

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter, Depends, Query, Response
 
+from monitor.api.params import MAX_BIGINT, NO_NUL, NoNul, RunId
 from monitor.api.schemas import PolicyIn, RunCreate, RunFinish, RunOut
 from monitor.api.state import AppState, get_principal, get_state
 from monitor.domain import Principal, RunFilter
@@ -27,28 +30,29 @@ def register_run(
 
 @router.get("", response_model=list[RunOut])
 def list_runs(
-    project: str | None = None,
+    project: NoNul | None = None,
     status: str | None = None,
-    tag: str | None = None,
+    tag: NoNul | None = None,
+    name: Annotated[str | None, Query(pattern=NO_NUL, description="Exact run name.")] = None,
     limit: int = Query(100, ge=1, le=1000),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=MAX_BIGINT),
     state: AppState = Depends(get_state),
     principal: Principal = Depends(get_principal),
 ) -> list[RunOut]:
-    flt = RunFilter(project=project, status=status, tag=tag, limit=limit, offset=offset)
+    flt = RunFilter(project=project, status=status, tag=tag, limit=limit, offset=offset, name=name)
     return [RunOut.of(r) for r in state.runs.list(principal, flt)]
 
 
 @router.get("/{run_id}", response_model=RunOut)
 def get_run(
-    run_id: int, state: AppState = Depends(get_state), principal: Principal = Depends(get_principal)
+    run_id: RunId, state: AppState = Depends(get_state), principal: Principal = Depends(get_principal)
 ) -> RunOut:
     return RunOut.of(state.runs.get(principal, run_id))
 
 
 @router.post("/{run_id}/finish", response_model=RunOut)
 def finish_run(
-    run_id: int,
+    run_id: RunId,
     body: RunFinish | None = None,
     state: AppState = Depends(get_state),
     principal: Principal = Depends(get_principal),
@@ -59,7 +63,7 @@ def finish_run(
 
 @router.put("/{run_id}/policy", response_model=RunOut)
 def set_policy(
-    run_id: int,
+    run_id: RunId,
     body: PolicyIn,
     state: AppState = Depends(get_state),
     principal: Principal = Depends(get_principal),
