@@ -191,17 +191,139 @@ def runs_list(
     console.print(table)
 
 
-def _run_id(state: Any, ref: str) -> int:
-    """A run given by id, or by name when that name is unique across projects."""
+def _run_id(state: Any, ref: str, project: str | None = None) -> int:
+    """A run given by id, or by name (unique across projects, or within `project`)."""
+    from rich.markup import escape
+
     from monitor.domain import Principal, RunFilter
 
     if ref.isdigit():
         return int(ref)
-    matches = [r for r in state.runs.list(Principal(), RunFilter(limit=1000)) if r.name == ref]
-    if len(matches) != 1:
-        console.print(f"[red]error:[/red] {len(matches)} runs are named {ref!r}; use the run id")
+    matches = state.runs.list(Principal(), RunFilter(name=ref, project=project, limit=1000))
+    where = f" in project {project!r}" if project is not None else ""
+    if not matches:
+        console.print(f"[red]error:[/red] no run is named {escape(repr(ref))}{escape(where)}")
+        raise typer.Exit(1)
+    if len(matches) > 1:
+        projects = ", ".join(sorted(r.project for r in matches))
+        console.print(
+            f"[red]error:[/red] {len(matches)} runs are named {escape(repr(ref))} (projects: "
+            f"{escape(projects)}); pass --project or use the run id"
+        )
         raise typer.Exit(1)
     return int(matches[0].id)
+
+
+ProjectOfRun = Annotated[
+    str | None, typer.Option("--project", help="Project of the run, when its name is not unique.")
+]
+
+
+@runs_app.command("show")
+def runs_show(
+    run: Annotated[str, typer.Argument(help="Run id or name.")],
+    project: ProjectOfRun = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output (strict JSON).")] = False,
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Summary of a run: steps, last metric values, phases, alerts and directive history."""
+    import json
+
+    from rich.markup import escape
+
+    from monitor.domain import Principal
+    from monitor.errors import LLDMonError
+    from monitor.run_report import render_summary, summary_json
+
+    state = _services(database_url, data_dir)
+    try:
+        summary = state.query.summary(Principal(), _run_id(state, run, project))
+    except LLDMonError as exc:
+        console.print(f"[red]error:[/red] {escape(exc.message)}")
+        raise typer.Exit(1) from None
+    finally:
+        state.db.dispose()
+    if as_json:
+        typer.echo(json.dumps(summary_json(summary), indent=2, allow_nan=False))
+    else:
+        render_summary(summary, console)
+
+
+@app.command("export")
+def export_run(
+    run: Annotated[str, typer.Argument(help="Run id or name.")],
+    fmt: Annotated[
+        str | None,
+        typer.Option("--format", "-f", help="csv or parquet (default: from --output's suffix, else csv)."),
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output", "-o", help="File to write (default: run-<id>-metrics.<format>); '-': CSV to stdout."
+        ),
+    ] = None,
+    metrics: Annotated[
+        list[str] | None,
+        typer.Option("--metrics", "-m", help="Metric names, comma-separated or repeated (default: all)."),
+    ] = None,
+    project: ProjectOfRun = None,
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Write a run's metrics as a wide table: a step column and one column per metric.
+
+    NaN and +-inf are kept (CSV: nan, inf, -inf); a step where a metric was not logged is an empty CSV
+    cell or a Parquet null. The file is replaced atomically: an error never leaves a partial file.
+    """
+    from rich.markup import escape
+
+    from monitor.services.export import EXPORT_FORMATS
+
+    if fmt is None:
+        fmt = "parquet" if output is not None and output.suffix in (".parquet", ".pq") else "csv"
+    if fmt not in EXPORT_FORMATS:
+        console.print(f"[red]error:[/red] --format must be csv or parquet, not {escape(repr(fmt))}")
+        raise typer.Exit(2)
+    names = [n.strip() for item in metrics or [] for n in item.split(",") if n.strip()] or None
+    state = _services(database_url, data_dir)
+    try:
+        _export(state, run, project, fmt, output, names)
+    finally:
+        state.db.dispose()
+
+
+def _export(
+    state: Any, run: str, project: str | None, fmt: str, output: Path | None, names: list[str] | None
+) -> None:
+    from rich.markup import escape
+
+    from monitor.domain import Principal
+    from monitor.errors import LLDMonError
+    from monitor.services.export import ExportService
+
+    run_id = _run_id(state, run, project)
+    exporter = ExportService(state.query)
+    path = output or Path(f"run-{run_id}-metrics.{fmt}")
+    try:
+        if str(path) == "-":
+            if fmt != "csv":
+                console.print("[red]error:[/red] only CSV can go to stdout; pass --output FILE for parquet")
+                raise typer.Exit(2)
+            typer.echo(exporter.csv(Principal(), run_id, names), nl=False)
+            return
+        result = exporter.write(Principal(), run_id, fmt, path, names)
+    except LLDMonError as exc:
+        console.print(f"[red]error:[/red] {escape(exc.message)}")
+        raise typer.Exit(1) from None
+    except OSError as exc:
+        console.print(
+            f"[red]error:[/red] cannot write {escape(str(path))}: {escape(exc.strerror or str(exc))}"
+        )
+        raise typer.Exit(1) from None
+    console.print(
+        f"wrote {escape(str(result.path))}: {result.rows} steps x {len(result.metrics)} metrics ({fmt})"
+    )
 
 
 @alerts_app.command("list")
@@ -384,6 +506,57 @@ def sync(
     if remaining:
         console.print(f"[yellow]stopped:[/yellow] {problem[0] if problem else 'not delivered'}")
         raise typer.Exit(1)
+
+
+@app.command("import")
+def import_logs(
+    paths: Annotated[
+        list[Path], typer.Argument(help="Log files of one run, in the order written (a later file wins).")
+    ],
+    run: Annotated[str, typer.Option("--run", help="Run name (created if missing).")],
+    project: Annotated[str | None, typer.Option(help="Project (default: default).")] = None,
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="auto, verl-jsonl, verl-console, trl-log, trl-state, wandb-csv or tensorboard.",
+        ),
+    ] = "auto",
+    strict: Annotated[bool, typer.Option(help="Fail on the first malformed line; write nothing.")] = False,
+    append: Annotated[
+        bool, typer.Option(help="Add to a run that has metrics (a stored step is overwritten).")
+    ] = False,
+    replace: Annotated[bool, typer.Option(help="Delete the run's metrics, phases and alerts first.")] = False,
+    first_step: Annotated[
+        list[int] | None, typer.Option(help="trl-log: step of each file's first dict (once per file).")
+    ] = None,
+    tag: Annotated[list[str] | None, typer.Option(help="Tag the run (repeatable).")] = None,
+    chunk_steps: Annotated[int | None, typer.Option(help="Steps per ingest batch (default 50).")] = None,
+    notify: Annotated[bool, typer.Option(help="Send alerts to the configured webhooks too.")] = False,
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Import trainer logs into a run; the detector runs as for a live run, phases and alerts are printed."""
+    from monitor.import_command import ImportOptions, run_import
+
+    options = ImportOptions(
+        paths=paths,
+        run=run,
+        project=project,
+        fmt=fmt,
+        strict=strict,
+        append=append,
+        replace=replace,
+        first_step=first_step or [],
+        tags=tag or [],
+        chunk_steps=chunk_steps,
+        notify=notify,
+        database_url=database_url,
+        data_dir=data_dir,
+    )
+    code = run_import(options, console)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command("eval")

@@ -153,3 +153,27 @@ class RunFilter:
     limit: int = 100
     offset: int = 0
     project_ids: list[int] | None = field(default=None)
+    name: str | None = None
+    """Exact run name (unique within a project, so at most one run per project matches)."""
+
+
+@dataclass(frozen=True)
+class MetricLast(MetricSummary):
+    """A metric's extent plus its value at `last_step` (NaN for a logged NaN)."""
+
+    last_value: float = float("nan")
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """Everything `lldmon runs show` prints, read in one transaction so the parts agree."""
+
+    run: RunInfo
+    n_steps: int
+    first_step: int | None
+    last_step: int | None
+    metrics: list[MetricLast]
+    phases: list[PhaseEventInfo]
+    alerts: list[AlertInfo]
+    directives: list[DirectiveInfo]
+    directive: DirectiveInfo

@@ -1,80 +1,116 @@
 """verl console logs: `step:N - key:value - key:value ...` lines.
 
 Lines may carry ANSI colour codes and Ray actor prefixes such as `\\x1b[36m(TaskRunner pid=7283)\\x1b[0m`;
-everything else in the file (config dumps, warnings, tracebacks) is skipped. A step printed on several
-lines (verl prints validation scores on their own line) is merged; NaN / inf values are kept as data.
+everything else in the file (config dumps, warnings, tracebacks) is skipped: it is not a metrics line.
+Inside a metrics line, a pair without `key:value` shape or a value that is not a number is reported as
+malformed (file, line). A step printed on several lines (verl prints validation scores on their own line)
+is merged; NaN / inf values are kept as data.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 
-from monitor.importers.names import VERL_NAMES, VERL_PREFERRED, canonical_name
-from monitor.importers.parsed import ParsedLog, Paths, as_path_list, merge_records, read_text, to_columns
+from monitor.importers.parsed import FileColumns, ParsedLog, Paths
+from monitor.importers.reading import (
+    Diagnostics,
+    Line,
+    ProgressCallback,
+    StepRecords,
+    iter_lines,
+    load_files,
+    parse_number,
+    short,
+    text_lines,
+    verl_name,
+)
 
 _ANSI: Final = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _RAY_PREFIX: Final = re.compile(r"^\s*\([^()]*pid=\d+[^()]*\)\s*")
 _STEP_LINE: Final = re.compile(r"^step:(\d+)\s+-\s+(.*)$")
 
 
-def _parse_value(text: str) -> float | None:
-    try:
-        return float(text.strip())
-    except ValueError:
-        return None
-
-
-def parse_verl_line(line: str) -> tuple[int, dict[str, float]] | None:
-    """(step, {raw name: value}) of one console line, or None if it is not a metrics line."""
-    clean = _RAY_PREFIX.sub("", _ANSI.sub("", line)).strip()
+def _split_step_line(segment: str) -> tuple[int, list[str]] | None:
+    """(step, raw `key:value` pairs) of a metrics line, or None if it is not one."""
+    clean = _RAY_PREFIX.sub("", _ANSI.sub("", segment)).strip()
     match = _STEP_LINE.match(clean)
     if match is None:
         return None
+    return int(match.group(1)), [pair.strip() for pair in match.group(2).split(" - ")]
+
+
+def parse_verl_line(line: str) -> tuple[int, dict[str, float]] | None:
+    """(step, {raw name: value}) of one console line, or None if it is not a metrics line; pairs that
+    are not `key:number` are left out (`parse_verl_console` reports them)."""
+    parsed = _split_step_line(line)
+    if parsed is None:
+        return None
+    step, pairs = parsed
     row: dict[str, float] = {}
-    for pair in match.group(2).split(" - "):
-        name, sep, raw = pair.strip().rpartition(":")
-        if not sep or not name:
-            continue
-        value = _parse_value(raw)
-        if value is not None:
+    for pair in pairs:
+        name, sep, raw = pair.rpartition(":")
+        value = parse_number(raw)
+        if sep and name and value is not None:
             row[name] = value
-    return int(match.group(1)), row
+    return step, row
 
 
-def parse_verl_console(text: str) -> dict[int, dict[str, float]]:
+def parse_verl_lines(lines: Iterable[Line], path: str, diagnostics: Diagnostics) -> FileColumns:
     """Step records (canonical names) of one console log."""
-    records: dict[int, dict[str, float]] = {}
-    sources: dict[int, dict[str, str]] = {}
-    for line in text.splitlines():
-        parsed = parse_verl_line(line)
-        if parsed is None:
+    records = StepRecords(path, diagnostics, verl_name)
+    for line in lines:
+        if "step:" not in line.text:
             continue
-        step, raw_row = parsed
-        row = records.setdefault(step, {})
-        origin = sources.setdefault(step, {})
-        for raw_name, value in raw_row.items():
-            name = canonical_name(raw_name, VERL_NAMES)
-            previous = origin.get(name)
-            if (
-                previous is not None
-                and previous != raw_name
-                and previous in VERL_PREFERRED
-                and raw_name not in VERL_PREFERRED
-            ):
-                continue  # e.g. keep `actor/entropy` over the older `actor/entropy_loss`
-            row[name] = value
-            origin[name] = raw_name
-    return records
+        for segment in line.text.split("\r"):  # progress bars redraw with carriage returns
+            parsed = _split_step_line(segment)
+            if parsed is None:
+                continue
+            step, pairs = parsed
+            for pair in pairs:
+                name, sep, raw = pair.rpartition(":")
+                if not sep or not name:
+                    diagnostics.report(
+                        path, line.number, line.reason(f"step {step}: {short(pair)} is not key:value")
+                    )
+                    continue
+                value = parse_number(raw)
+                if value is None:
+                    diagnostics.report(
+                        path, line.number, line.reason(f"step {step}: {name} is not a number: {short(raw)}")
+                    )
+                    continue
+                records.add(step, line.number, name, value)
+    return records.columns()
 
 
-def load_verl_console(paths: Paths) -> ParsedLog:
+def parse_verl_console(
+    text: str, diagnostics: Diagnostics | None = None, path: str = "<text>"
+) -> dict[int, dict[str, float]]:
+    """Step records (canonical names) of a console log already in memory."""
+    lines = text_lines(text)
+    return parse_verl_lines(
+        lines, path, diagnostics if diagnostics is not None else Diagnostics()
+    ).to_records()
+
+
+def parse_verl_console_file(
+    path: str, diagnostics: Diagnostics, progress: ProgressCallback | None = None
+) -> FileColumns:
+    """Step records of one console log, streamed line by line."""
+    return parse_verl_lines(iter_lines(path, progress), path, diagnostics)
+
+
+def load_verl_console(
+    paths: Paths, *, strict: bool = False, progress: ProgressCallback | None = None
+) -> ParsedLog:
     """Columns of one run from its console log(s); for a resumed run pass the files in order (a step
     logged by a later file replaces the earlier file's step)."""
-    return to_columns(merge_records(parse_verl_console(read_text(p)) for p in as_path_list(paths)))
+    return load_files(paths, parse_verl_console_file, strict=strict, progress=progress)
 
 
 def read_verl_console(
@@ -84,4 +120,10 @@ def read_verl_console(
     return load_verl_console(paths).as_tuple()
 
 
-__all__ = ["load_verl_console", "parse_verl_console", "parse_verl_line", "read_verl_console"]
+__all__ = [
+    "load_verl_console",
+    "parse_verl_console",
+    "parse_verl_console_file",
+    "parse_verl_line",
+    "read_verl_console",
+]

@@ -5,16 +5,18 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 
 from contracts.wire import NAN, NEG_INF, POS_INF
-from monitor.domain import DirectiveInfo, MetricSummary, PhaseEventInfo, Principal, Series
+from monitor.domain import DirectiveInfo, MetricSummary, PhaseEventInfo, Principal, RunSummary, Series
 from monitor.errors import InvalidInput
 from monitor.services.downsample import minmax_indices
 from monitor.services.runs import RunService
 from monitor.store import Database
+from monitor.store import alerts as alert_store
 from monitor.store import events as event_store
 from monitor.store import series as series_store
 
@@ -49,25 +51,44 @@ class QueryService:
             series = [downsample(s, max_points) for s in series]
         return series
 
-    def history_csv(self, series: list[Series]) -> str:
+    def history_csv(self, series: list[Series], nonfinite: Literal["wire", "python"] = "wire") -> str:
         """Wide CSV: one row per step, one column per metric; empty cell = not logged.
 
-        Built column-wise with numpy (a 10,000-step run with 30 metrics is 300,000 cells).
+        Non-finite values are written as the wire strings (`NaN`, `Infinity`, `-Infinity`, what the
+        API's JSON uses) or, with nonfinite="python", as `nan`, `inf`, `-inf` (what `lldmon export`
+        writes: float(), numpy and pandas read them back as floats). Built with numpy over the whole
+        table (a 10,000-step run with 30 metrics is 300,000 cells).
         """
         header = ",".join(["step", *(_csv_quote(s.name) for s in series)])
         if not series:
             return header + "\n"
-        all_steps = np.unique(np.concatenate([np.asarray(s.steps, dtype=np.int64) for s in series]))
-        cells = np.full((len(all_steps), len(series) + 1), "", dtype=object)
-        cells[:, 0] = all_steps.astype(str)
-        for j, s in enumerate(series, start=1):
-            values = np.asarray(s.values, dtype=np.float64)
-            text = values.astype(str).astype(object)
+        table = wide_table(series)
+        values = table.values
+        text = values.astype(str).astype(object)  # numpy writes nan, inf, -inf
+        if nonfinite == "wire":
             text[np.isnan(values)] = NAN
             text[values == np.inf] = POS_INF
             text[values == -np.inf] = NEG_INF
-            cells[np.searchsorted(all_steps, np.asarray(s.steps, dtype=np.int64)), j] = text
+        text[~table.logged] = ""
+        cells = np.column_stack([table.steps.astype(str).astype(object), text])
         return header + "\n" + "\n".join(",".join(row) for row in cells.tolist()) + "\n"
+
+    def summary(self, principal: Principal, run_id: int) -> RunSummary:
+        """A run at a glance: extent, last values, phases, alerts, directives (one read transaction)."""
+        run = self.runs.get(principal, run_id)
+        with self.db.read() as conn:
+            n_steps, first_step, last_step = series_store.step_extent(conn, run_id)
+            return RunSummary(
+                run=run,
+                n_steps=n_steps,
+                first_step=first_step,
+                last_step=last_step,
+                metrics=series_store.last_values(conn, run_id),
+                phases=event_store.list_phase_events(conn, run_id),
+                alerts=alert_store.list_alerts(conn, run_id, None),
+                directives=event_store.directive_history(conn, run_id),
+                directive=event_store.current_directive(conn, run_id),
+            )
 
     def actions(
         self,
@@ -117,6 +138,34 @@ class QueryService:
         self.runs.get(principal, run_id)
         with self.db.read() as conn:
             return event_store.list_phase_events(conn, run_id)
+
+
+@dataclass(frozen=True)
+class WideTable:
+    """Series aligned on the union of their steps: the shape of every export.
+
+    `values[i, j]` is metric j at `steps[i]`; where `logged[i, j]` is False the metric has no row at
+    that step and the value is NaN only as a filler, unlike a NaN that was logged.
+    """
+
+    steps: np.ndarray  # (n_steps,) int64, ascending
+    names: list[str]  # (n_metrics,)
+    values: np.ndarray  # (n_steps, n_metrics) float64
+    logged: np.ndarray  # (n_steps, n_metrics) bool
+
+
+def wide_table(series: Sequence[Series]) -> WideTable:
+    names = [s.name for s in series]
+    if not series:
+        return WideTable(np.empty(0, np.int64), names, np.empty((0, 0)), np.empty((0, 0), dtype=bool))
+    steps = np.unique(np.concatenate([np.asarray(s.steps, dtype=np.int64) for s in series]))
+    values = np.full((len(steps), len(series)), np.nan)
+    logged = np.zeros((len(steps), len(series)), dtype=bool)
+    for j, s in enumerate(series):
+        rows = np.searchsorted(steps, np.asarray(s.steps, dtype=np.int64))
+        values[rows, j] = np.asarray(s.values, dtype=np.float64)
+        logged[rows, j] = True
+    return WideTable(steps, names, values, logged)
 
 
 def downsample(series: Series, max_points: int) -> Series:

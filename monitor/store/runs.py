@@ -72,6 +72,8 @@ def list_runs(conn: Connection, flt: RunFilter) -> list[RunInfo]:
         query = query.where(runs.c.project_id.in_(flt.project_ids))
     if flt.status is not None:
         query = query.where(runs.c.status == flt.status)
+    if flt.name is not None:
+        query = query.where(runs.c.name == flt.name)
     if flt.tag is not None:
         query = query.where(runs.c.id.in_(select(run_tags.c.run_id).where(run_tags.c.tag == flt.tag)))
     query = query.order_by(runs.c.id.desc()).limit(flt.limit).offset(flt.offset)

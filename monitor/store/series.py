@@ -7,10 +7,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, and_, func, select
 
 from monitor.db.models import ActionRecord, StepMetric
-from monitor.domain import MetricSummary, Series
+from monitor.domain import MetricLast, MetricSummary, Series
 from monitor.store._sql import table_of
 
 step_metrics = table_of(StepMetric)
@@ -30,6 +30,49 @@ def metric_names(conn: Connection, run_id: int) -> list[MetricSummary]:
         .order_by(step_metrics.c.name)
     ).all()
     return [MetricSummary(str(n), int(c), int(lo), int(hi)) for n, c, lo, hi in rows]
+
+
+def last_values(conn: Connection, run_id: int) -> list[MetricLast]:
+    """Per metric: point count, step range and the value at its last step (stored NULL -> NaN)."""
+    extent = (
+        select(
+            step_metrics.c.name,
+            func.count().label("points"),
+            func.min(step_metrics.c.step).label("first_step"),
+            func.max(step_metrics.c.step).label("last_step"),
+        )
+        .where(step_metrics.c.run_id == run_id)
+        .group_by(step_metrics.c.name)
+        .subquery()
+    )
+    rows = conn.execute(
+        select(extent, step_metrics.c.value)
+        .join(
+            step_metrics,
+            and_(
+                step_metrics.c.run_id == run_id,
+                step_metrics.c.name == extent.c.name,
+                step_metrics.c.step == extent.c.last_step,
+            ),
+        )
+        .order_by(extent.c.name)
+    ).all()
+    return [
+        MetricLast(str(n), int(c), int(lo), int(hi), math.nan if v is None else float(v))
+        for n, c, lo, hi, v in rows
+    ]
+
+
+def step_extent(conn: Connection, run_id: int) -> tuple[int, int | None, int | None]:
+    """(distinct steps with at least one metric, first step, last step) of a run."""
+    count, lo, hi = conn.execute(
+        select(
+            func.count(step_metrics.c.step.distinct()),
+            func.min(step_metrics.c.step),
+            func.max(step_metrics.c.step),
+        ).where(step_metrics.c.run_id == run_id)
+    ).one()
+    return int(count), None if lo is None else int(lo), None if hi is None else int(hi)
 
 
 def read_series(

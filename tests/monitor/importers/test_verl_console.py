@@ -1,4 +1,4 @@
-"""Small importers: verl console logs and TRL stdout -> canonical metric columns."""
+"""verl console logs -> canonical metric columns, with malformed lines reported by file and line."""
 
 from __future__ import annotations
 
@@ -12,23 +12,16 @@ from contracts import metrics as M
 from monitor.importers import (
     TRL_NAMES,
     VERL_NAMES,
+    Diagnostic,
+    Diagnostics,
+    MalformedLog,
     canonical_name,
-    load_trl_stdout,
     load_verl_console,
-    parse_trl_stdout,
     parse_verl_console,
-    read_trl_stdout,
     read_verl_console,
 )
 from monitor.importers.verl_console import parse_verl_line
-
-REAL = Path(__file__).resolve().parents[2].parent / "shared/datasets/real_runs"
-
-RAY = "\x1b[36m(TaskRunner pid=7283)\x1b[0m "
-
-
-def verl_line(step: int, **metrics: object) -> str:
-    return RAY + f"step:{step} - " + " - ".join(f"{k}:{v}" for k, v in metrics.items())
+from tests.monitor.importers.helpers import GSM8K_VERL, RAY, SEARCH_R1_GRPO, needs_real, verl_line
 
 
 def test_name_maps_cover_the_brief() -> None:
@@ -40,6 +33,7 @@ def test_name_maps_cover_the_brief() -> None:
     assert VERL_NAMES["response_length/clip_ratio"] == M.RESPONSE_CLIP_RATIO
     assert VERL_NAMES["actor/ppo_kl"] == M.KL
     assert VERL_NAMES["actor/pg_clipfrac"] == M.CLIP_FRAC
+    assert TRL_NAMES["reward"] == M.REWARD_MEAN
     assert TRL_NAMES["frac_reward_zero_std"] == M.ADV_FRAC_ZERO_STD_GROUPS
     assert TRL_NAMES["completions/mean_length"] == M.RESPONSE_LENGTH_MEAN
     assert TRL_NAMES["clip_ratio/region_mean"] == M.CLIP_FRAC
@@ -62,10 +56,11 @@ def test_verl_console_merges_lines_and_keeps_nonfinite() -> None:
             verl_line(0, **{"test_score/openai/gsm8k": 0.5}),
             verl_line(0, **{"actor/grad_norm": 2.0, "critic/score/mean": 0.1, "actor/entropy_loss": 0.4}),
             verl_line(1, **{"actor/grad_norm": "nan", "critic/score/mean": 0.2, "weird": "abc"}),
-            verl_line(2, **{"actor/grad_norm": "inf", "response_length/clip_ratio": 0.0}),
+            verl_line(2, **{"actor/grad_norm": "inf", "response_length/clip_ratio": 0.0, "λ/ü": "-inf"}),
         ]
     )
-    records = parse_verl_console(text)
+    diagnostics = Diagnostics()
+    records = parse_verl_console(text, diagnostics, "run.log")
     assert sorted(records) == [0, 1, 2]
     assert records[0] == {
         "test_score/openai/gsm8k": 0.5,
@@ -74,7 +69,8 @@ def test_verl_console_merges_lines_and_keeps_nonfinite() -> None:
         M.ENTROPY_MEAN: 0.4,
     }
     assert math.isnan(records[1][M.GRAD_NORM]) and "weird" not in records[1]
-    assert records[2][M.GRAD_NORM] == math.inf
+    assert records[2][M.GRAD_NORM] == math.inf and records[2]["λ/ü"] == -math.inf
+    assert diagnostics.items == [Diagnostic("run.log", 4, "step 1: weird is not a number: 'abc'")]
 
 
 def test_verl_prefers_new_entropy_name() -> None:
@@ -115,83 +111,52 @@ def test_verl_present_marks_logged_nan(tmp_path: Path) -> None:
     assert np.isnan(log.values[M.GRAD_NORM][1:]).all()
 
 
-TQDM = "\r  0%|          | 1/2400 [00:05<3:20:52,  5.02s/it]\r                                   \r"
-
-
-def test_trl_dicts_among_tqdm_noise() -> None:
-    text = (
-        "Loading checkpoint shards: 100%|##########| 4/4\n"
-        + TQDM
-        + "{'loss': 0.1367, 'grad_norm': 1.49, 'reward': 1.06, 'frac_reward_zero_std': 0.0, 'epoch': 0.0}\n"
-        + TQDM
-        + "{'loss': nan, 'grad_norm': inf, 'reward': 2.0, 'reward_std': 0.0, 'entropy': 0.04, 'epoch': 0.0}\n"
-        + "{'eval_loss': 0.5, 'epoch': 0.0}\n"
-        + TQDM
-        + "{'loss': 0.01, 'grad_norm': -inf, 'completions/mean_length': 29.1, 'clip_ratio/region_mean': 0.0, 'epoch': 0.01}"
-        + TQDM
-        + "\n{'train_runtime': 10392.8, 'train_loss': 0.0029, 'epoch': 0.52}\n"
-        + '{\n  "saved": "x",\n  "max_steps": 2400\n}\n'
+def test_malformed_pairs_and_truncated_last_line(tmp_path: Path) -> None:
+    path = tmp_path / "run.log"
+    path.write_text(
+        "config: {'lr': 1e-6}\n"
+        + verl_line(0, **{"actor/grad_norm": 1.0})
+        + "\n"
+        + verl_line(1, **{"actor/grad_norm": "1.2.3"})
+        + " - no_colon_here\n"
+        + RAY
+        + "step:2 - actor/grad_norm:0.5 - critic/score/me",  # the trainer died mid-line
+        encoding="utf-8",
     )
-    records = parse_trl_stdout(text)
-    assert sorted(records) == [1, 2, 3]
-    assert records[1][M.LOSS] == 0.1367 and records[1][M.ADV_FRAC_ZERO_STD_GROUPS] == 0.0
-    assert math.isnan(records[2][M.LOSS]) and records[2][M.GRAD_NORM] == math.inf
-    assert records[2]["eval_loss"] == 0.5  # evaluation dicts belong to the current step
-    assert records[3][M.GRAD_NORM] == -math.inf and records[3][M.RESPONSE_LENGTH_MEAN] == 29.1
-    assert records[3][M.CLIP_FRAC] == 0.0 and records[3]["epoch"] == 0.01
-
-
-def test_trl_step_key_wins_and_first_step(tmp_path: Path) -> None:
-    text = "{'loss': 1.0, 'step': 10}\n{'loss': 2.0}\n{'loss': 3.0, 'global_step': 40}\n{'loss': 4.0}"
-    assert sorted(parse_trl_stdout(text)) == [10, 11, 40, 41]
-    a, b = tmp_path / "a.log", tmp_path / "b.log"
-    a.write_text("\n".join("{'loss': 1.0}" for _ in range(5)))
-    b.write_text("\n".join("{'loss': 2.0}" for _ in range(5)))
-    log = load_trl_stdout([a, b], first_step=[1, 4])
-    assert log.steps.tolist() == list(range(1, 9))
-    assert log.values[M.LOSS].tolist() == [1.0] * 3 + [2.0] * 5
-    with pytest.raises(ValueError, match="first_step"):
-        load_trl_stdout([a, b], first_step=[1])
-    steps, values = read_trl_stdout(a)
-    assert steps.tolist() == [1, 2, 3, 4, 5] and values[M.LOSS].tolist() == [1.0] * 5
-
-
-def test_garbage_does_not_crash(tmp_path: Path) -> None:
-    path = tmp_path / "junk.log"
-    path.write_bytes(b"\xff\xfe{'loss': [1, 2]}\x00{'a': 'b'}\nstep:x - y:z\n{'loss': 1e999}")
-    log = load_trl_stdout(path)
-    assert log.steps.tolist() == [1]  # only the last dict has a number (inf)
-    assert load_verl_console(path).steps.size == 0
-
-
-needs_real = pytest.mark.skipif(not REAL.is_dir(), reason="../shared/datasets/real_runs is missing")
+    log = load_verl_console(path)
+    assert log.steps.tolist() == [0, 2]
+    assert log.values[M.GRAD_NORM].tolist() == [1.0, 0.5]
+    assert [str(d) for d in log.diagnostics] == [
+        f"{path}:3: step 1: actor/grad_norm is not a number: '1.2.3'",
+        f"{path}:3: step 1: 'no_colon_here' is not key:value",
+        f"{path}:4: step 2: 'critic/score/me' is not key:value (last line has no newline: truncated?)",
+    ]
+    with pytest.raises(MalformedLog, match=rf"^{path}:3: step 1: actor/grad_norm is not a number") as err:
+        load_verl_console(path, strict=True)
+    assert err.value.diagnostic.line == 3
 
 
 @needs_real
 def test_real_verl_gsm8k_log() -> None:
-    log = load_verl_console(REAL / "verl_data_gsm8k_ppo/Qwen2.5-0.5B-bsz256_2-prompt1024-resp512-0.567.log")
+    log = load_verl_console(GSM8K_VERL)
     assert log.steps[0] == 0 and log.steps[-1] == 434 and log.steps.size == 435
     assert log.values[M.GRAD_NORM][16] == pytest.approx(65.958)  # the isolated spike of the README
     assert {M.REWARD_MEAN, M.ENTROPY_MEAN, M.KL, M.CLIP_FRAC, M.RESPONSE_LENGTH_MEAN} <= set(log.values)
     assert log.present["val/test_score/openai/gsm8k"][9]  # periodic validation inside the step line
     assert not log.present["val/test_score/openai/gsm8k"][0]
+    assert log.diagnostics == ()
 
 
 @needs_real
 def test_real_resumed_searchr1_run() -> None:
-    folder = REAL / "wallace_searchr1_grpo_gigpo"
-    log = load_verl_console(
-        [folder / "grpo__train_v2.pre_resume_step100.log", folder / "grpo__train_v2_resume_from100.log"]
-    )
-    assert log.steps.tolist() == list(range(301))
-    i = int(np.searchsorted(log.steps, 120))
-    assert log.values[M.GRAD_NORM][i] == pytest.approx(0.195)  # the resume file's value (pre-resume: 0.554)
+    pre, resumed = (load_verl_console(p) for p in SEARCH_R1_GRPO)
+    log = load_verl_console(SEARCH_R1_GRPO)
+    assert log.steps.tolist() == list(range(301)) and log.diagnostics == ()
+    assert pre.steps.tolist() == list(range(150)) and resumed.steps.tolist() == list(range(101, 301))
+    # 101..149 are in both files: every value there is the resume file's
+    for name in (M.GRAD_NORM, M.REWARD_MEAN, M.ENTROPY_MEAN):
+        np.testing.assert_array_equal(log.values[name][101:150], resumed.values[name][:49])
+        np.testing.assert_array_equal(log.values[name][:101], pre.values[name][:101])
+    assert log.values[M.GRAD_NORM][120] == pytest.approx(0.195)  # the resume file's (pre-resume: 0.554)
+    assert pre.values[M.GRAD_NORM][120] == pytest.approx(0.554)
     assert M.RESPONSE_CLIP_RATIO in log.values
-
-
-@needs_real
-def test_real_trl_finqa_log() -> None:
-    log = load_trl_stdout(REAL / "wallace_finqa_trl_grpo/train_stage7_grpo_long2400_r32.log")
-    assert log.steps.tolist() == list(range(1, 2401))
-    assert log.values[M.LOSS][0] == pytest.approx(0.1367)
-    assert set(np.unique(log.values[M.ADV_FRAC_ZERO_STD_GROUPS]).tolist()) <= {0.0, 0.5, 1.0}

@@ -1,0 +1,216 @@
+"""`lldmon import`: read trainer logs, write them into a run through the ingest path, print what the
+detector found.
+
+Parsing comes first and completely (with a bytes progress bar for large inputs); the database is only
+opened afterwards, so `--strict` on a malformed file, a missing file or an unknown format leave it
+untouched. Webhook and Slack sinks are off unless `notify` is set: an old log should not page anyone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from contracts import metrics as M
+
+MAX_WARNINGS: Final = 20
+"""Malformed lines printed one by one; the rest are counted."""
+PROGRESS_MIN_BYTES: Final = 8 << 20
+"""Inputs smaller than this are read without a progress bar (it would only flash)."""
+ALERT_LOGGER: Final = "lldmon.alerts"
+EXIT_MALFORMED: Final = 1
+EXIT_REFUSED: Final = 1
+EXIT_USAGE: Final = 2
+
+
+@dataclass(frozen=True)
+class ImportOptions:
+    paths: Sequence[Path]
+    run: str
+    project: str | None = None
+    fmt: str = "auto"
+    strict: bool = False
+    append: bool = False
+    replace: bool = False
+    first_step: Sequence[int] = ()
+    tags: Sequence[str] = ()
+    chunk_steps: int | None = None
+    notify: bool = False
+    database_url: str | None = None
+    data_dir: Path | None = None
+
+
+def run_import(options: ImportOptions, console: Console) -> int:
+    """The whole command; returns the exit code."""
+    from monitor.errors import LLDMonError
+    from monitor.importers import LogImportError, MalformedLog, input_files, load_log, resolve_format
+
+    if options.append and options.replace:
+        return _fail(console, "--append and --replace exclude each other", EXIT_USAGE)
+    try:
+        fmt = resolve_format(list(options.paths), options.fmt)
+        files = input_files(options.paths, fmt)
+        total = sum(os.path.getsize(f) for f in files if os.path.isfile(f))
+        with _bytes_progress(console, total, f"reading {len(files)} file(s) ({fmt})") as advance:
+            log = load_log(
+                options.paths,
+                fmt,
+                strict=options.strict,
+                progress=advance,
+                first_step=list(options.first_step) or None,
+            )
+    except MalformedLog as exc:
+        return _fail(console, f"{exc} (--strict: nothing was written)", EXIT_MALFORMED)
+    except (LogImportError, OSError) as exc:
+        return _fail(console, str(exc), EXIT_USAGE)
+
+    for diagnostic in log.diagnostics[:MAX_WARNINGS]:
+        console.print(f"[yellow]warning:[/yellow] {escape(str(diagnostic))}", highlight=False, soft_wrap=True)
+    if len(log.diagnostics) > MAX_WARNINGS:
+        console.print(
+            f"[yellow]warning:[/yellow] … and {len(log.diagnostics) - MAX_WARNINGS} more malformed lines "
+            f"({len(log.diagnostics)} in all, skipped)"
+        )
+    elif log.diagnostics:
+        console.print(f"{len(log.diagnostics)} malformed line(s) skipped (--strict to stop at the first)")
+    if log.n_points == 0:
+        return _fail(console, "no metric values found in the input: nothing to import", EXIT_USAGE)
+
+    state = _open_services(options, console)
+    if state is None:
+        return EXIT_USAGE
+    try:
+        with _quiet_alert_log(not options.notify):
+            return _write(options, log, fmt, len(files), state, console)
+    except LLDMonError as exc:
+        return _fail(console, exc.message, EXIT_REFUSED)
+    finally:
+        state.dispatcher.close()
+        state.db.dispose()
+
+
+def _write(options: ImportOptions, log: Any, fmt: str, n_files: int, state: Any, console: Console) -> int:
+    from monitor.domain import Principal
+    from monitor.services.importing import DEFAULT_CHUNK_STEPS, ImportMode, ImportService
+
+    service = ImportService(state.db, state.runs, state.ingest, state.query, state.alerts)
+    mode: ImportMode = "replace" if options.replace else "append" if options.append else "new"
+    with Progress(
+        TextColumn("writing steps"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console
+    ) as progress:
+        task = progress.add_task("write", total=len(log))
+        result = service.import_log(
+            Principal(),
+            log,
+            name=options.run,
+            project=options.project,
+            mode=mode,
+            tags=list(options.tags),
+            chunk_steps=options.chunk_steps or DEFAULT_CHUNK_STEPS,
+            on_steps=lambda n: progress.advance(task, n),
+        )
+    _summary(result, fmt, n_files, console)
+    return 0
+
+
+def _summary(result: Any, fmt: str, n_files: int, console: Console) -> None:
+    run = result.run
+    canonical = [m for m in result.metrics if m in M.CANONICAL_METRICS]
+    console.print(
+        f"imported {result.steps} steps ({result.first_step}-{result.last_step}), {result.points} values of "
+        f"{len(result.metrics)} metrics from {n_files} {fmt} file(s) into run {run.id} "
+        f"{escape(run.name)!r} of project {escape(run.project)!r}"
+        f" ({'new run' if result.created else 'existing run'}, {run.status})",
+        highlight=False,
+    )
+    console.print(f"canonical metrics: {', '.join(canonical) or 'none'}", highlight=False)
+    if result.phases:
+        console.print("phases:")
+        if result.phases[0].previous_phase == "warmup":  # the state every run starts in: no event
+            console.print(f"  {'warmup':<11} from step {result.first_step}", highlight=False)
+        for event in result.phases:
+            console.print(f"  {event.phase:<11} from step {event.step}", highlight=False)
+    else:
+        console.print("phases: none recorded")
+    console.print(f"current phase: {run.phase or 'none'}", highlight=False)
+    if not result.alerts:
+        console.print("alerts: none")
+        return
+    console.print("alerts:")
+    for a in result.alerts:
+        console.print(
+            f"  #{a.id} {a.severity} {a.kind} ({a.status}) steps {a.first_step}-{a.last_step}: "
+            f"{escape(a.message)}",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+@contextmanager
+def _bytes_progress(console: Console, total: int, label: str) -> Iterator[Any]:
+    """A bytes progress bar for large inputs; yields the callback to advance it (or None)."""
+    if total < PROGRESS_MIN_BYTES:
+        yield None
+        return
+    columns = (
+        TextColumn(escape(label)),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("read", total=total)
+        yield lambda n: progress.advance(task, n)
+
+
+@contextmanager
+def _quiet_alert_log(quiet: bool) -> Iterator[None]:
+    """The log sink would repeat every alert on stderr while the summary lists them anyway."""
+    logger = logging.getLogger(ALERT_LOGGER)
+    disabled = logger.disabled
+    logger.disabled = disabled or quiet
+    try:
+        yield
+    finally:
+        logger.disabled = disabled
+
+
+def _open_services(options: ImportOptions, console: Console) -> Any:
+    from monitor.api.app import SchemaOutdated, build_state
+    from monitor.config import Settings
+
+    values: dict[str, Any] = {}
+    if options.database_url:
+        values["database_url"] = options.database_url
+    if options.data_dir:
+        values["data_dir"] = options.data_dir
+    if not options.notify:
+        values.update(webhook_urls=[], slack_webhook_urls=[])
+    try:
+        return build_state(Settings(**values))
+    except SchemaOutdated as exc:
+        _fail(console, str(exc), EXIT_USAGE)
+        return None
+
+
+def _fail(console: Console, message: str, code: int) -> int:
+    console.print(f"[red]error:[/red] {escape(message)}", highlight=False)
+    return code

@@ -1,0 +1,120 @@
+"""`--format auto`: tell a log's format from its name, then from its first lines.
+
+Order of evidence: a directory or a `*tfevents*` name is TensorBoard; `trainer_state.json`, or any JSON
+whose head has `"log_history"`, is trl-state; a `.jsonl` / `.ndjson` name or a first line that is a JSON
+object with a "step" is verl-jsonl; a `.csv` name or a first line naming `_step` is wandb-csv. Other text
+is read, up to `SNIFF_BYTES`, until the first verl metrics line (`step:N - key:value`) or the first TRL
+log dict (`{'loss': ..., 'epoch': ...}`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+from monitor.importers.reading import LogImportError
+from monitor.importers.tensorboard_events import EVENT_FILE_MARKER, event_files
+
+VERL_JSONL: Final = "verl-jsonl"
+VERL_CONSOLE: Final = "verl-console"
+TRL_LOG: Final = "trl-log"
+TRL_STATE: Final = "trl-state"
+WANDB_CSV: Final = "wandb-csv"
+TENSORBOARD: Final = "tensorboard"
+FORMATS: Final = (VERL_JSONL, VERL_CONSOLE, TRL_LOG, TRL_STATE, WANDB_CSV, TENSORBOARD)
+AUTO: Final = "auto"
+
+SNIFF_BYTES: Final = 64 << 20
+"""How far into a text log to look for the first metrics line (model loading can print a lot first)."""
+HEAD_BYTES: Final = 64 << 10
+
+_ANSI: Final = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_VERL_LINE: Final = re.compile(r"(?:^|\)\s*|\r)step:\d+\s+-\s+[^:\s]+:")
+_TRL_DICT: Final = re.compile(r"\{'[^{}']+':\s*[-+0-9.naif][^{}]*\}")
+
+
+def detect_format(path: str | os.PathLike[str]) -> str:
+    """The format of one log file or directory; a clear error when it cannot be told."""
+    p = Path(path)
+    if not p.exists():
+        raise LogImportError(f"{p}: no such file or directory")
+    if p.is_dir():
+        if (p / "trainer_state.json").is_file():
+            return TRL_STATE
+        if event_files(p):
+            return TENSORBOARD
+        raise LogImportError(f"{p} is a directory without TensorBoard event files or trainer_state.json")
+    name = p.name.lower()
+    if EVENT_FILE_MARKER in name:
+        return TENSORBOARD
+    with open(p, "rb") as handle:
+        head = handle.read(HEAD_BYTES)
+    if name == "trainer_state.json" or (name.endswith(".json") and b'"log_history"' in head):
+        return TRL_STATE
+    if name.endswith((".jsonl", ".ndjson")):
+        return VERL_JSONL
+    if name.endswith(".csv"):
+        return WANDB_CSV
+    first = next((ln for ln in head.decode("utf-8", "replace").split("\n") if ln.strip()), "").strip()
+    if first.startswith("{") and _is_step_object(first):
+        return VERL_JSONL
+    if "_step" in first.lstrip("\ufeff").split(","):
+        return WANDB_CSV
+    if b'"log_history"' in head:
+        return TRL_STATE
+    found = _sniff_text(p)
+    if found is None:
+        raise LogImportError(
+            f"cannot tell the format of {p}: no verl `step:N - key:value` line or TRL log dict in its first "
+            f"{SNIFF_BYTES >> 20} MiB; pass --format ({', '.join(FORMATS)})"
+        )
+    return found
+
+
+def _is_step_object(line: str) -> bool:
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(obj, dict) and "step" in obj
+
+
+def _sniff_text(path: Path) -> str | None:
+    """verl console as soon as a verl metrics line shows up, TRL stdout as soon as a dict with `'epoch'`
+    does (`Trainer.log` adds it to every dict). Other dicts are weaker evidence: verl prints its config as
+    Python dicts before the first step, so they only decide when nothing else is found."""
+    read = 0
+    dicts = False
+    with open(path, "rb") as handle:
+        for raw in handle:
+            read += len(raw)
+            text = _ANSI.sub("", raw.decode("utf-8", "replace"))
+            if _VERL_LINE.search(text):
+                return VERL_CONSOLE
+            for match in _TRL_DICT.finditer(text):
+                if "'epoch':" in match.group(0):
+                    return TRL_LOG
+                dicts = True
+            if read >= SNIFF_BYTES:
+                break
+    return TRL_LOG if dicts else None
+
+
+def resolve_format(paths: Sequence[str | os.PathLike[str]], fmt: str = AUTO) -> str:
+    """The one format of the files of a run: `fmt` itself, or what every path is detected as."""
+    if fmt != AUTO:
+        if fmt not in FORMATS:
+            raise LogImportError(f"unknown format {fmt!r}; one of {AUTO}, {', '.join(FORMATS)}")
+        return fmt
+    if not paths:
+        raise LogImportError("no files to import")
+    found = {os.fspath(p): detect_format(p) for p in paths}
+    kinds = set(found.values())
+    if len(kinds) > 1:
+        detail = ", ".join(f"{p}: {k}" for p, k in found.items())
+        raise LogImportError(f"the files of one run must have one format, found {detail}; pass --format")
+    return kinds.pop()

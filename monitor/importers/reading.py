@@ -1,0 +1,272 @@
+"""Plumbing shared by the importers: streamed lines with byte progress, diagnostics of malformed input,
+value and step parsing, and the per-file step records every format fills.
+
+A malformed line or record is never skipped silently: it becomes a `Diagnostic` (file, line, reason) and
+the import goes on; in strict mode the first one raises `MalformedLog`, before anything is written.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from array import array
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+
+from contracts.metrics import MAX_METRIC_NAME_LENGTH
+from monitor.importers.names import TRL_NAMES, VERL_NAMES, VERL_PREFERRED
+from monitor.importers.parsed import FileColumns, ParsedLog, Paths, as_path_list, merge_columns
+
+ProgressCallback = Callable[[int], None]
+"""Called with the number of bytes read since the previous call (to advance a progress bar)."""
+
+PROGRESS_EVERY: Final = 1 << 20
+"""Bytes between two progress calls: per-line calls would cost more than the parsing."""
+
+MAX_STEP: Final = 2**63 - 1
+
+
+class LogImportError(ValueError):
+    """A log that cannot be imported at all (unknown format, missing step column, no such file)."""
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """A malformed line or record. `line` is 1-based (a record number for binary event files)."""
+
+    path: str
+    line: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.reason}"
+
+
+class MalformedLog(LogImportError):
+    """Strict mode: the first malformed line or record."""
+
+    def __init__(self, diagnostic: Diagnostic) -> None:
+        super().__init__(str(diagnostic))
+        self.diagnostic = diagnostic
+
+
+class Diagnostics:
+    """The diagnostics of one import, in the order found; strict mode raises on the first."""
+
+    def __init__(self, strict: bool = False) -> None:
+        self.strict = strict
+        self.items: list[Diagnostic] = []
+
+    def report(self, path: str, line: int, reason: str) -> None:
+        diagnostic = Diagnostic(path, line, reason)
+        if self.strict:
+            raise MalformedLog(diagnostic)
+        self.items.append(diagnostic)
+
+
+@dataclass(frozen=True)
+class Line:
+    number: int
+    text: str
+    complete: bool
+    """False for a last line without a newline: possibly cut off while the trainer was writing."""
+
+    def reason(self, text: str) -> str:
+        """A diagnostic text that says when the line may have been cut off."""
+        return text if self.complete else f"{text} (last line has no newline: truncated?)"
+
+
+def iter_lines(path: str | os.PathLike[str], progress: ProgressCallback | None = None) -> Iterator[Line]:
+    """The lines of a file one by one (never the whole file in memory), decoded as UTF-8 with
+    undecodable bytes replaced (binary progress bars, truncated multi-byte characters)."""
+    pending = 0
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            pending += len(raw)
+            if progress is not None and pending >= PROGRESS_EVERY:
+                progress(pending)
+                pending = 0
+            yield Line(number, raw.decode("utf-8", errors="replace").rstrip("\r\n"), raw.endswith(b"\n"))
+    if progress is not None and pending:
+        progress(pending)
+
+
+def text_lines(text: str) -> Iterator[Line]:
+    """`iter_lines` for text already in memory (same numbering: only newlines end a line)."""
+    parts = text.split("\n")
+    for i, part in enumerate(parts, start=1):
+        yield Line(i, part.rstrip("\r"), i < len(parts))
+
+
+def parse_number(value: object) -> float | None:
+    """A logged value as a float (NaN and +-inf kept, also as the strings nan/inf/-inf/Infinity);
+    None if it is not a number (booleans, lists, text)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        return value
+    if isinstance(value, int):
+        try:
+            return float(value)
+        except OverflowError:
+            return None
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def parse_step(value: object) -> int | None:
+    """A step: a non-negative integer (an integral float such as 10.0 or the text "10" too)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        value = int(text) if text.isdigit() else parse_number(text)
+    if isinstance(value, float):
+        if not (math.isfinite(value) and value.is_integer()):
+            return None
+        value = int(value)
+    if isinstance(value, int) and 0 <= value <= MAX_STEP:
+        return value
+    return None
+
+
+def short(value: object, limit: int = 60) -> str:
+    """repr() of a bad value, cut to fit a one-line diagnostic."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def name_problem(name: str) -> str | None:
+    """Why a metric name cannot be stored (the ingest API's rules), or None."""
+    if not name:
+        return "empty metric name"
+    if len(name) > MAX_METRIC_NAME_LENGTH:
+        return f"metric name longer than {MAX_METRIC_NAME_LENGTH} characters: {short(name)}"
+    if "\x00" in name:
+        return f"metric name contains a NUL character: {short(name)}"
+    return None
+
+
+def verl_name(raw: str) -> str:
+    """verl console / JSONL names -> canonical."""
+    return VERL_NAMES.get(raw, raw)
+
+
+def trl_name(raw: str) -> str:
+    """TRL `Trainer.log` names -> canonical."""
+    return TRL_NAMES.get(raw, raw)
+
+
+TRACKER_PREFIX: Final = "train/"
+"""transformers' W&B / TensorBoard callbacks log training scalars as `train/<name>` (`rewrite_logs`)."""
+
+
+def tracker_name(raw: str) -> str:
+    """Names in a tracker (W&B, TensorBoard) written by either trainer: verl's own names, or TRL's under
+    `train/`. Anything else keeps its name (`eval/...`, `timing/...`)."""
+    if raw in VERL_NAMES:
+        return VERL_NAMES[raw]
+    if raw.startswith(TRACKER_PREFIX) and raw[len(TRACKER_PREFIX) :] in TRL_NAMES:
+        return TRL_NAMES[raw[len(TRACKER_PREFIX) :]]
+    return raw
+
+
+class StepRecords:
+    """The values of one file under canonical names, appended to flat arrays as they are read.
+
+    A step logged on several lines is merged (the later line wins per metric), except that a preferred
+    trainer name (verl's `actor/entropy`) wins over an older alias of the same canonical name at the same
+    step. A step exists only once a value was added, so a later file's empty line cannot wipe a step.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        diagnostics: Diagnostics,
+        namer: Callable[[str], str],
+        preferred: frozenset[str] = VERL_PREFERRED,
+    ) -> None:
+        self.path = path
+        self.diagnostics = diagnostics
+        self.namer = namer
+        self.preferred = preferred
+        self._columns: dict[str, _RawColumn] = {}
+        self._problems: dict[str, str] = {}
+        self._seq = 0
+
+    def add(self, step: int, line: int, raw_name: str, value: float) -> None:
+        column = self._columns.get(raw_name)
+        if column is None:
+            if raw_name in self._problems:
+                self.diagnostics.report(self.path, line, self._problems[raw_name])
+                return
+            name = self.namer(raw_name)
+            problem = name_problem(name)
+            if problem is not None:
+                self._problems[raw_name] = problem
+                self.diagnostics.report(self.path, line, problem)
+                return
+            column = self._columns[raw_name] = _RawColumn(name, raw_name in self.preferred)
+        column.steps.append(step)
+        column.values.append(value)
+        column.seq.append(self._seq)
+        self._seq += 1
+
+    def add_row(self, step: int, line: int, row: Mapping[str, float]) -> None:
+        for raw_name, value in row.items():
+            self.add(step, line, raw_name, value)
+
+    def columns(self) -> FileColumns:
+        by_name: dict[str, list[_RawColumn]] = {}
+        for column in self._columns.values():
+            by_name.setdefault(column.name, []).append(column)
+        series = {}
+        for name, raws in by_name.items():
+            steps = np.concatenate([np.frombuffer(c.steps, dtype=np.int64) for c in raws])
+            values = np.concatenate([np.frombuffer(c.values, dtype=np.float64) for c in raws])
+            seq = np.concatenate([np.frombuffer(c.seq, dtype=np.int64) for c in raws])
+            rank = np.concatenate([np.full(len(c.steps), c.preferred, dtype=np.int8) for c in raws])
+            order = np.lexsort((seq, rank, steps))  # by step, then preferred last, then logged last
+            steps, values = steps[order], values[order]
+            last = np.append(steps[1:] != steps[:-1], True)
+            series[name] = (steps[last], values[last])
+        return FileColumns(series)
+
+    @property
+    def records(self) -> dict[int, dict[str, float]]:
+        """step -> {canonical name: value} (small files and tests)."""
+        return self.columns().to_records()
+
+
+class _RawColumn:
+    """What one trainer name logged in one file, in the order read."""
+
+    __slots__ = ("name", "preferred", "seq", "steps", "values")
+
+    def __init__(self, name: str, preferred: bool) -> None:
+        self.name = name
+        self.preferred = preferred
+        self.steps = array("q")
+        self.values = array("d")
+        self.seq = array("q")
+
+
+FileParser = Callable[[str, Diagnostics, "ProgressCallback | None"], FileColumns]
+"""Reads one file: (path, diagnostics, progress) -> its values under canonical names."""
+
+
+def load_files(
+    paths: Paths, parse_file: FileParser, *, strict: bool = False, progress: ProgressCallback | None = None
+) -> ParsedLog:
+    """Columns of one run from its file(s) in the order written: a step a later file logs replaces that
+    step of the earlier files (a run resumed from a checkpoint logs the overlapping steps again)."""
+    diagnostics = Diagnostics(strict)
+    files = [parse_file(os.fspath(p), diagnostics, progress) for p in as_path_list(paths)]
+    return merge_columns(files, diagnostics.items)

@@ -1,0 +1,92 @@
+"""verl `file` logger JSONL (`trainer.logger=['file']`, verl/utils/tracking.py `FileLogger`).
+
+One JSON object per line, `{"step": N, "data": {"actor/entropy": 0.4, ...}}`; a flat
+`{"step": N, "actor/entropy": 0.4, ...}` is read too. verl writes with orjson, which turns NaN and inf into
+`null`: a key present with `null` is therefore a logged non-finite value and is kept as NaN (the JSON
+tokens `NaN` / `Infinity` and the strings "nan" / "inf" / "-inf" are kept as they are). Nested objects are
+flattened with `/`. Blank lines are skipped; a line that is not a JSON object, has no usable step or holds
+a value that is not a number is reported with its file and line. Streamed line by line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Mapping
+from typing import Final
+
+from monitor.importers.parsed import FileColumns, ParsedLog, Paths
+from monitor.importers.reading import (
+    Diagnostics,
+    ProgressCallback,
+    StepRecords,
+    iter_lines,
+    load_files,
+    parse_number,
+    parse_step,
+    short,
+    verl_name,
+)
+
+STEP_KEY: Final = "step"
+DATA_KEY: Final = "data"
+
+
+def _flatten(data: Mapping[str, object], prefix: str = "") -> Iterator[tuple[str, object]]:
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from _flatten(value, name + "/")
+        else:
+            yield name, value
+
+
+def parse_verl_jsonl_file(
+    path: str, diagnostics: Diagnostics, progress: ProgressCallback | None = None
+) -> FileColumns:
+    """Step records (canonical names) of one JSONL file."""
+    records = StepRecords(path, diagnostics, verl_name)
+    for line in iter_lines(path, progress):
+        if not line.text.strip():
+            continue
+        try:
+            obj = json.loads(line.text)
+        except json.JSONDecodeError as exc:
+            diagnostics.report(
+                path, line.number, line.reason(f"invalid JSON at column {exc.colno}: {exc.msg}")
+            )
+            continue
+        except (ValueError, RecursionError) as exc:
+            diagnostics.report(path, line.number, f"invalid JSON: {short(str(exc))}")
+            continue
+        if not isinstance(obj, dict):
+            diagnostics.report(path, line.number, f"not a JSON object: {short(obj)}")
+            continue
+        if STEP_KEY not in obj:
+            diagnostics.report(path, line.number, 'no "step"')
+            continue
+        step = parse_step(obj[STEP_KEY])
+        if step is None:
+            diagnostics.report(
+                path, line.number, f"step is not a non-negative integer: {short(obj[STEP_KEY])}"
+            )
+            continue
+        data = (
+            obj[DATA_KEY]
+            if isinstance(obj.get(DATA_KEY), dict)
+            else {k: v for k, v in obj.items() if k != STEP_KEY}
+        )
+        for name, value in _flatten(data):
+            number = math.nan if value is None else parse_number(value)
+            if number is None:
+                diagnostics.report(path, line.number, f"step {step}: {name} is not a number: {short(value)}")
+                continue
+            records.add(step, line.number, name, number)
+    return records.columns()
+
+
+def load_verl_jsonl(
+    paths: Paths, *, strict: bool = False, progress: ProgressCallback | None = None
+) -> ParsedLog:
+    """Columns of one run from its JSONL file(s), in the order written (a later file wins per step)."""
+    return load_files(paths, parse_verl_jsonl_file, strict=strict, progress=progress)

@@ -1,0 +1,221 @@
+"""`lldmon runs show`: a RunSummary as rich text for people and as strict JSON for scripts."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any, Final
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from contracts import metrics as m
+from contracts.wire import encode_float
+from monitor.domain import AlertInfo, DirectiveInfo, RunSummary
+
+KEY_METRICS: Final = (
+    m.REWARD_MEAN,
+    m.LOGP_POS,
+    m.LOGP_NEG,
+    m.DELTA_TRAJ_POS,
+    m.DELTA_ACTION_POS,
+    m.FRAC_TRAJ_DECREASED_POS,
+    m.ENTROPY_MEAN,
+    m.GRAD_NORM,
+    m.LOSS,
+    m.KL,
+    m.CLIP_FRAC,
+    m.RESPONSE_LENGTH_MEAN,
+    m.SEARCH_VALID_PER_TRAJ,
+    m.LLDS_ACTIVE,
+    m.LLDS_LAMBDA,
+)
+"""Printed in this order when the run has them; `--json` carries every metric."""
+
+
+def summary_json(s: RunSummary) -> dict[str, Any]:
+    """Strict JSON (no NaN tokens): non-finite values are the wire strings 'NaN', 'Infinity', ..."""
+    run = s.run
+    return {
+        "id": run.id,
+        "name": run.name,
+        "project": run.project,
+        "status": run.status,
+        "phase": run.phase,
+        "directive_policy": run.directive_policy,
+        "tags": run.tags,
+        "config": _strict(run.config),
+        "created_at": _iso(run.created_at),
+        "last_seen_at": _iso(run.last_seen_at),
+        "finished_at": _iso(run.finished_at),
+        "steps": {"count": s.n_steps, "first": s.first_step, "last": s.last_step},
+        "metrics": {
+            x.name: {
+                "last_step": x.last_step,
+                "last_value": encode_float(x.last_value),
+                "first_step": x.first_step,
+                "points": x.points,
+            }
+            for x in s.metrics
+        },
+        "phases": [
+            {
+                "phase": e.phase,
+                "step": e.step,
+                "previous_phase": e.previous_phase,
+                "created_at": _iso(e.created_at),
+                "evidence": _strict(e.evidence),
+            }
+            for e in s.phases
+        ],
+        "alerts": [_alert_json(a) for a in s.alerts],
+        "directive": _directive_json(s.directive),
+        "directives": [_directive_json(d) for d in s.directives],
+    }
+
+
+def render_summary(s: RunSummary, console: Console) -> None:
+    run = s.run
+    console.print(
+        f"[bold]run {run.id}[/bold]  {escape(run.project)} / [bold]{escape(run.name)}[/bold]  "
+        f"status {run.status}, phase [bold]{run.phase or 'none yet'}[/bold], policy {run.directive_policy}"
+    )
+    console.print(
+        f"created {_when(run.created_at)}, last seen {_when(run.last_seen_at)}"
+        + (f", finished {_when(run.finished_at)}" if run.finished_at else "")
+        + (f"; tags: {escape(', '.join(run.tags))}" if run.tags else "")
+    )
+    if s.n_steps:
+        console.print(
+            f"{_n(s.n_steps, 'step')} logged (steps {s.first_step}-{s.last_step}), "
+            f"{_n(len(s.metrics), 'metric')}"
+        )
+    else:
+        console.print("no metrics logged yet")
+
+    by_name = {x.name: x for x in s.metrics}
+    key = [by_name[name] for name in KEY_METRICS if name in by_name]
+    if key:
+        table = Table("metric", "last value", "at step", title="Last values", title_justify="left")
+        for x in key:
+            table.add_row(x.name, format_value(x.last_value), str(x.last_step))
+        console.print(table)
+    others = len(s.metrics) - len(key)
+    if others:
+        console.print(f"{_n(others, 'more metric')}: --json, or lldmon export {run.id}")
+
+    if s.phases:
+        table = Table("phase", "from step", "previous", "detected at", title="Phases", title_justify="left")
+        for e in s.phases:
+            table.add_row(e.phase, str(e.step), e.previous_phase or "", _when(e.created_at))
+        console.print(table)
+    else:
+        console.print("no phase changes yet")
+
+    if s.alerts:
+        table = Table(
+            "id",
+            "rule",
+            "severity",
+            "steps",
+            "state",
+            "acked",
+            "message",
+            title="Alerts",
+            title_justify="left",
+        )
+        for a in s.alerts:
+            table.add_row(
+                str(a.id),
+                a.kind,
+                a.severity,
+                f"{a.first_step}-{a.last_step}",
+                a.status,
+                _when(a.acknowledged_at) if a.acknowledged_at else "no",
+                escape(a.message),
+            )
+        console.print(table)
+    else:
+        console.print("no alerts")
+
+    if s.directives:
+        table = Table(
+            "v", "when", "step", "by", "LLDS", "lambda", "reason", title="Directives", title_justify="left"
+        )
+        for d in s.directives:
+            table.add_row(
+                str(d.version),
+                _when(d.created_at),
+                "" if d.step is None else str(d.step),
+                d.source,
+                "on" if d.llds_enabled else "off",
+                f"{d.llds_lambda:g}",
+                escape(d.reason),
+            )
+        console.print(table)
+    else:
+        d = s.directive
+        console.print(
+            f"directive: default (LLDS {'on' if d.llds_enabled else 'off'}, lambda {d.llds_lambda:g})"
+        )
+
+
+def format_value(value: float) -> str:
+    """Six significant digits; NaN and +-inf spelled out (they are collapse signals, not gaps)."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return f"{value:.6g}"
+
+
+def _alert_json(a: AlertInfo) -> dict[str, Any]:
+    return {
+        "id": a.id,
+        "kind": a.kind,
+        "severity": a.severity,
+        "status": a.status,
+        "first_step": a.first_step,
+        "last_step": a.last_step,
+        "message": a.message,
+        "acknowledged": a.acknowledged_at is not None,
+        "acknowledged_at": _iso(a.acknowledged_at),
+        "resolved_at": _iso(a.resolved_at),
+        "created_at": _iso(a.created_at),
+    }
+
+
+def _directive_json(d: DirectiveInfo) -> dict[str, Any]:
+    return {
+        "version": d.version,
+        "llds_enabled": d.llds_enabled,
+        "llds_lambda": d.llds_lambda,
+        "source": d.source,
+        "reason": d.reason,
+        "step": d.step,
+        "created_at": _iso(d.created_at),
+    }
+
+
+def _strict(value: Any) -> Any:
+    """Free-form JSON (config, evidence) with non-finite floats as their wire strings."""
+    if isinstance(value, float):
+        return encode_float(value)
+    if isinstance(value, dict):
+        return {key: _strict(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(item) for item in value]
+    return value
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _iso(t: datetime | None) -> str | None:
+    return None if t is None else t.isoformat()
+
+
+def _when(t: datetime | None) -> str:
+    return "" if t is None else t.strftime("%Y-%m-%d %H:%M:%S")

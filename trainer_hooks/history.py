@@ -1,0 +1,254 @@
+"""A run's metric history as a pandas DataFrame, read over the HTTP API (for notebooks).
+
+    from trainer_hooks.history import fetch_metrics, fetch_runs
+
+    runs = fetch_runs("http://lldmon:8000", project="nq", token="lldm_...")
+    df = fetch_metrics("http://lldmon:8000", "grpo-3b-nq", project="nq", token="lldm_...")
+    df[["lld/logp_pos", "reward/mean"]].plot()
+
+Needs only httpx (a base dependency of lldmon) and pandas, imported when first called; it never
+imports the service stack, so `pip install lldmon pandas` is enough on a laptop.
+
+The frame is indexed by step (ascending) with one float64 column per metric. NaN and +-inf are
+data (collapse signals) and come back as float NaN/inf; a step at which a metric was not logged is
+NaN as well (pandas has no separate "missing" in a float64 column; `lldmon export --format parquet`
+keeps the two apart). Long histories are read in pages of consecutive step windows of about
+`page_points` values each, so neither side builds one huge response; the pages are disjoint and
+cover the whole step range, so nothing is read twice or skipped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from contracts.wire import API_PREFIX, decode_float
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["AccessDenied", "HistoryError", "RunNotFound", "fetch_metrics", "fetch_runs", "resolve_run"]
+
+DEFAULT_PAGE_POINTS = 200_000
+"""Values per metrics request (a 10,000-step run with 30 metrics is 1.5 requests)."""
+_RUNS_PAGE = 1000  # the API's largest `limit`
+
+
+class HistoryError(RuntimeError):
+    """The service could not be reached or answered with an error (the message says which)."""
+
+
+class RunNotFound(HistoryError, LookupError):
+    """No run with that id, or no run of that name visible to the token."""
+
+
+class AccessDenied(HistoryError, PermissionError):
+    """401: auth is on and no valid token was given; 403: the token belongs to another project."""
+
+
+def fetch_metrics(
+    base_url: str,
+    run: int | str,
+    *,
+    metrics: Sequence[str] | None = None,
+    token: str | None = None,
+    project: str | None = None,
+    step_min: int | None = None,
+    step_max: int | None = None,
+    page_points: int = DEFAULT_PAGE_POINTS,
+    timeout: float = 60.0,
+    transport: httpx.BaseTransport | None = None,
+) -> pd.DataFrame:
+    """Metric history of `run` (an int id, or a name: give `project` if the name is not unique).
+
+    `metrics` selects and orders columns (default: all, sorted by name); asking for a metric the run
+    does not have raises ValueError. Raises RunNotFound, AccessDenied or HistoryError.
+    """
+    pd = _pandas()
+    if page_points < 1:
+        raise ValueError(f"page_points must be >= 1, got {page_points}")
+    wanted = list(dict.fromkeys(metrics)) if metrics is not None else None
+    with _session(base_url, token, timeout, transport) as http:
+        run_id = _resolve(http, run, project)
+        extents = _get(http, f"/runs/{run_id}/metric-names")
+        known = {e["name"]: e for e in extents}
+        if wanted is not None:
+            unknown = [name for name in wanted if name not in known]
+            if unknown:
+                raise ValueError(
+                    f"run {run_id} has no metric {', '.join(map(repr, unknown))}; it has: "
+                    + (", ".join(sorted(known)) or "none")
+                )
+        selected = [known[name] for name in (wanted if wanted is not None else sorted(known))]
+        steps: dict[str, list[int]] = {e["name"]: [] for e in selected}
+        values: dict[str, list[float]] = {e["name"]: [] for e in selected}
+        for lo, hi in _windows(selected, step_min, step_max, page_points):
+            params: dict[str, Any] = {"step_min": lo, "step_max": hi}
+            if wanted is not None:  # all metrics: no names, so the URL stays short
+                params["names"] = wanted
+            page = _get(http, f"/runs/{run_id}/metrics", params=params)["series"]
+            for name, s in page.items():
+                if name in steps:  # a metric created while paging is left out, not half-read
+                    steps[name] += s["steps"]
+                    values[name] += [v if type(v) is float else decode_float(v) for v in s["values"]]
+    columns = {
+        name: pd.Series(values[name], index=pd.Index(steps[name], dtype="int64"), dtype="float64")
+        for name in steps
+    }
+    frame = pd.DataFrame(columns, columns=list(steps), dtype="float64")
+    frame = frame.sort_index()
+    frame.index = frame.index.astype("int64")
+    frame.index.name = "step"
+    frame.attrs["run_id"] = run_id
+    return frame
+
+
+def fetch_runs(
+    base_url: str,
+    *,
+    project: str | None = None,
+    status: str | None = None,
+    tag: str | None = None,
+    token: str | None = None,
+    timeout: float = 60.0,
+    transport: httpx.BaseTransport | None = None,
+) -> pd.DataFrame:
+    """The runs the token can see (newest first), one row per run, indexed by run id."""
+    pd = _pandas()
+    filters = {k: v for k, v in {"project": project, "status": status, "tag": tag}.items() if v is not None}
+    rows: dict[int, dict[str, Any]] = {}
+    with _session(base_url, token, timeout, transport) as http:
+        offset = 0
+        while True:
+            page = _get(http, "/runs", params={**filters, "limit": _RUNS_PAGE, "offset": offset})
+            for r in page:
+                rows.setdefault(int(r["id"]), r)  # a run created while paging shifts the offsets
+            if len(page) < _RUNS_PAGE:
+                break
+            offset += _RUNS_PAGE
+    columns = ["name", "project", "status", "phase", "last_step", "directive_policy", "tags"]
+    times = ["created_at", "last_seen_at", "finished_at"]
+    frame = pd.DataFrame(
+        [[r.get(c) for c in columns + times] for r in rows.values()],
+        index=pd.Index(list(rows), name="id", dtype="int64"),
+        columns=columns + times,
+    )
+    for column in times:
+        frame[column] = pd.to_datetime(frame[column], utc=True, format="ISO8601")
+    frame["last_step"] = frame["last_step"].astype("Int64")
+    return frame
+
+
+def resolve_run(
+    base_url: str,
+    run: int | str,
+    *,
+    project: str | None = None,
+    token: str | None = None,
+    timeout: float = 60.0,
+    transport: httpx.BaseTransport | None = None,
+) -> int:
+    """The id of a run given by id or name (checking that it exists and the token may read it)."""
+    with _session(base_url, token, timeout, transport) as http:
+        return _resolve(http, run, project)
+
+
+def _windows(
+    extents: Sequence[dict[str, Any]], step_min: int | None, step_max: int | None, page_points: int
+) -> Iterator[tuple[int, int]]:
+    """Consecutive, disjoint [lo, hi] step windows covering the range, each about page_points values.
+
+    The window width assumes the points are spread evenly over the range, from the per-metric counts
+    and step ranges the service reports; uneven runs only make some pages bigger than others.
+    """
+    if not extents:
+        return
+    lo = max(min(e["first_step"] for e in extents), step_min if step_min is not None else 0)
+    hi = max(e["last_step"] for e in extents)
+    if step_max is not None:
+        hi = min(hi, step_max)
+    if lo > hi:
+        return
+    points = sum(e["points"] for e in extents)
+    span = max(e["last_step"] for e in extents) - min(e["first_step"] for e in extents) + 1
+    width = max(1, math.floor(page_points * span / max(points, 1)))
+    while lo <= hi:
+        yield lo, min(hi, lo + width - 1)
+        lo += width
+
+
+def _resolve(http: httpx.Client, run: int | str, project: str | None) -> int:
+    if isinstance(run, bool) or not isinstance(run, (int, str)):
+        raise TypeError(f"run must be an id (int) or a name (str), not {type(run).__name__}")
+    if isinstance(run, int):
+        found = _get(http, f"/runs/{run}")
+        if project is not None and found["project"] != project:
+            raise RunNotFound(f"run {run} belongs to project {found['project']!r}, not {project!r}")
+        return run
+    params: dict[str, Any] = {"name": run, "limit": _RUNS_PAGE}
+    if project is not None:
+        params["project"] = project
+    matches = _get(http, "/runs", params=params)
+    if not matches:
+        where = f" in project {project!r}" if project is not None else ""
+        raise RunNotFound(f"no run named {run!r}{where} (that this token can see)")
+    if len(matches) > 1:
+        projects = ", ".join(sorted(m["project"] for m in matches))
+        raise HistoryError(f"{len(matches)} runs are named {run!r} (projects: {projects}); pass project=")
+    return int(matches[0]["id"])
+
+
+@contextmanager
+def _session(
+    base_url: str, token: str | None, timeout: float, transport: httpx.BaseTransport | None
+) -> Iterator[httpx.Client]:
+    root = base_url.rstrip("/")
+    if not root.endswith(API_PREFIX):
+        root += API_PREFIX
+    headers = {"accept": "application/json", "user-agent": "lldmon-history/0.1"}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    with httpx.Client(base_url=root, headers=headers, timeout=timeout, transport=transport) as client:
+        yield client
+
+
+def _get(http: httpx.Client, path: str, params: dict[str, Any] | None = None) -> Any:
+    try:
+        response = http.get(path, params=params)
+    except httpx.HTTPError as exc:
+        raise HistoryError(f"cannot reach {http.base_url}: {type(exc).__name__}: {exc}") from exc
+    if response.is_success:
+        return response.json()
+    message = _error_message(response)
+    if response.status_code == 401:
+        hint = "" if "authorization" in http.headers else " (pass token=, see `lldmon token create`)"
+        raise AccessDenied(f"{message}{hint}")
+    if response.status_code == 403:
+        raise AccessDenied(message)
+    if response.status_code == 404:
+        raise RunNotFound(message)
+    raise HistoryError(f"GET {response.request.url.path}: HTTP {response.status_code}: {message}")
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        error = response.json().get("error")
+    except (ValueError, AttributeError):
+        error = None
+    if isinstance(error, dict) and error.get("message"):
+        return str(error["message"])
+    return f"HTTP {response.status_code}: {response.text[:300]}"
+
+
+def _pandas() -> Any:
+    try:
+        import pandas
+    except ImportError:
+        raise ImportError(
+            "trainer_hooks.history needs pandas: pip install pandas (the rest of lldmon does not)"
+        ) from None
+    return pandas
