@@ -11,12 +11,14 @@ the collapse runs (where every signal is computed).
 Usage::
 
     python -m benchmarks.detection [--collapse 20] [--controls 10] [--seed 0] [--jobs 2]
-                                   [--cost-steps 10000] [--no-real] [--quiet]
+                                   [--cost-steps 10000] [--no-real] [--quiet] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import shlex
 import statistics
@@ -96,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cost-steps", type=int, default=10_000)
     parser.add_argument("--no-real", action="store_true", help="leave out the real logs")
     parser.add_argument("--quiet", action="store_true", help="no per-run table")
+    parser.add_argument("--json", type=Path, help="write the group summaries, targets and costs here")
     args = parser.parse_args(argv)
     print("command:", shlex.join([sys.executable, *sys.argv]))
     config = DetectorConfig()
@@ -140,6 +143,25 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  (1-minute load average during the run: {load:.1f} on {os.cpu_count()} CPUs)")
     met = report.all_met and statistics.median(times) <= 5.0
     print(f"\nall targets met: {'yes' if met else 'NO'}")
+    if args.json:
+        summary = {
+            "command": shlex.join([sys.executable, *sys.argv]),
+            "runs": len(runs),
+            "groups": [dataclasses.asdict(g) for g in report.groups],
+            "targets": [dataclasses.asdict(t) for t in report.targets],
+            "cost_ms": {
+                "healthy_wall_median": statistics.median(times),
+                "healthy_wall_p95": _pct(times, 0.95),
+                "healthy_cpu_median": statistics.median(cpu),
+                "collapse_wall_median": statistics.median(c_times),
+                "collapse_wall_p95": _pct(c_times, 0.95),
+            },
+            "cost_steps": args.cost_steps,
+            "loadavg": load,
+            "all_met": met,
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(summary, indent=2, default=str) + "\n")
 
 
 if __name__ == "__main__":

@@ -27,13 +27,14 @@ callback, excluding TRL's own work) and reports it as a share of the step: the n
 Usage::
 
     python benchmarks/hooks.py [--reps 5] [--steps 16] [--batch 8] [--probe-size 8] [--probe-interval 5]
-                               [--threads 1]
+                               [--threads 1] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import shlex
 import statistics
@@ -176,6 +177,7 @@ def main(argv: list[str] | None = None) -> None:
         "--probe-interval", type=int, default=5, help="probe every this many steps (trainer default 5)"
     )
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    parser.add_argument("--json", type=Path, help="write the per-variant figures here")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     import transformers
@@ -234,6 +236,27 @@ def main(argv: list[str] | None = None) -> None:
         f"LLDS on vs off (hooks+llds vs hooks): {100 * (on / off - 1):+.1f}% step time "
         f"({(on - off) * 1e3:+.1f} ms/step)"
     )
+    if args.json:
+        variants = {}
+        for variant in VARIANTS:
+            med, hooks = statistics.median(step_s[variant]), statistics.median(hook_s[variant])
+            variants[variant] = {
+                "step_ms_median": med * 1e3,
+                "vs_plain": med / base - 1,
+                "hook_ms_per_step": hooks * 1e3,
+                "hook_share": hooks / med,
+            }
+        summary = {
+            "command": shlex.join([sys.executable, *sys.argv]),
+            "reps": args.reps,
+            "steps": args.steps,
+            "variants": variants,
+            "server_down_vs_up": down / live - 1,
+            "llds_on_vs_off": on / off - 1,
+            "loadavg": os.getloadavg(),
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -6,15 +6,21 @@ Modes, each writing the same rows (`--batch-rows` per batch: steps x `--metrics`
   one transaction per batch, rows pre-built as tuples;
 * ``lldmon-pg``: ``lldmon serve --database-url <fresh migrated database>`` in a subprocess, one
   keep-alive httpx client POSTing pre-encoded (orjson) columnar batches; only acknowledged rows count;
-* ``lldmon-sqlite``: the same into the embedded SQLite (``lldmon serve --data-dir <tmp>``).
+* ``lldmon-sqlite``: the same into the embedded SQLite (``lldmon serve --data-dir <tmp>``);
+* ``mlflow``: the MLflow tracking server (``benchmarks/mlflow_ingest.py``, from the separate venv
+  ``.venv-bench``) on a fresh database of the same PostgreSQL server, the same metric points through
+  ``/runs/log-batch`` (1,000 per call, MLflow's limit). It is much slower, so it sends
+  ``--mlflow-batches`` batches per round instead of ``--batches``; rows/s stay comparable. Skipped, with
+  the reason printed and written to the JSON, when ``.venv-bench`` is missing or ``--no-mlflow`` is given.
 
 Rounds interleave the modes (the order rotates every round) so machine noise hits them alike; the
 figure of a mode is its median rows/s over the rounds. The scratch databases and servers are removed
-at exit.
+at exit. Targets: lldmon -> PostgreSQL >= 50 % of raw COPY and >= 30x MLflow.
 
 Usage::
 
     python -m benchmarks.ingest [--rounds 5] [--batches 20] [--batch-rows 5000] [--metrics 100]
+                                [--mlflow-batches 4] [--mlflow-venv .venv-bench] [--no-mlflow]
                                 [--pg-url postgresql+psycopg://postgres@127.0.0.1:5432/test]
                                 [--out benchmarks/results/ingest.json]
 """
@@ -41,16 +47,19 @@ import orjson
 import psycopg
 
 try:
-    from benchmarks import _util
+    from benchmarks import _util, mlflow_ingest
 except ModuleNotFoundError:  # run as a script: python benchmarks/ingest.py
     import _util  # type: ignore[no-redef]
+    import mlflow_ingest  # type: ignore[no-redef]
 
 TARGET_RATIO = 0.5
-MODES = ("copy", "lldmon-pg", "lldmon-sqlite")
+TARGET_VS_MLFLOW = 30.0
+MODES = ("copy", "lldmon-pg", "lldmon-sqlite", "mlflow")
 LABELS = {
     "copy": "raw COPY (psycopg)",
     "lldmon-pg": "lldmon -> PostgreSQL",
     "lldmon-sqlite": "lldmon -> SQLite",
+    "mlflow": "MLflow -> PostgreSQL",
 }
 COPY_SQL = "COPY step_metrics (run_id, name, step, value) FROM STDIN"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "ingest.json"
@@ -163,7 +172,9 @@ def run_block(send: Send, payloads: list[Any], stats: Stats | None) -> None:
         stats.failed_batches += failed
 
 
-def summarise(stats: dict[str, Stats], args: argparse.Namespace, env: dict[str, Any]) -> dict[str, Any]:
+def summarise(
+    stats: dict[str, Stats], args: argparse.Namespace, env: dict[str, Any], mlflow: dict[str, Any]
+) -> dict[str, Any]:
     copy_median = statistics.median(stats["copy"].rows_per_s)
     modes: dict[str, Any] = {}
     for mode, s in stats.items():
@@ -180,11 +191,22 @@ def summarise(stats: dict[str, Stats], args: argparse.Namespace, env: dict[str, 
             "failed_batches": s.failed_batches,
         }
     ratio, paired = modes["lldmon-pg"]["ratio_vs_copy"], modes["lldmon-pg"]["ratio_vs_copy_paired_median"]
+    if "mlflow" in stats:
+        ml = stats["mlflow"].rows_per_s
+        vs = statistics.median(stats["lldmon-pg"].rows_per_s) / statistics.median(ml)
+        vs_paired = statistics.median(lp / m for lp, m in zip(stats["lldmon-pg"].rows_per_s, ml, strict=True))
+        mlflow |= {
+            "lldmon_pg_vs_mlflow": round(vs, 2),
+            "lldmon_pg_vs_mlflow_paired_median": round(vs_paired, 2),
+            "target_min": TARGET_VS_MLFLOW,
+            "met": vs >= TARGET_VS_MLFLOW,
+        }
     return {
         "command": _util.command_line(),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "environment": env,
         "modes": modes,
+        "mlflow": mlflow,
         "target": {
             "lldmon_pg_vs_copy_min": TARGET_RATIO,
             "ratio": ratio,
@@ -213,6 +235,17 @@ def print_table(result: dict[str, Any]) -> None:
         f"\ntarget lldmon -> PostgreSQL >= {target['lldmon_pg_vs_copy_min']:.0%} of raw COPY: "
         f"{target['ratio']:.1%} ({verdict}; median of per-round ratios {target['paired_ratio']:.1%})"
     )
+    mlflow = result["mlflow"]
+    if "skipped" in mlflow:
+        print(f"MLflow comparison skipped: {mlflow['skipped']}")
+    else:
+        verdict = "met" if mlflow["met"] else "MISSED"
+        print(
+            f"target lldmon -> PostgreSQL >= {mlflow['target_min']:.0f}x MLflow ({mlflow['version']}, log-batch, "
+            f"{mlflow['workers']} worker): {mlflow['lldmon_pg_vs_mlflow']:.1f}x ({verdict}; median of per-round "
+            f"ratios {mlflow['lldmon_pg_vs_mlflow_paired_median']:.1f}x); rows stored by MLflow "
+            f"{mlflow['rows_stored']:,} == acknowledged {mlflow['rows_acknowledged']:,}"
+        )
     print("vs COPY: ratio of the medians; paired: median over rounds of (mode / COPY in that round)")
 
 
@@ -224,6 +257,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics", type=int, default=100, help="metric names per batch (default 100)")
     parser.add_argument("--warmup", type=int, default=3, help="unrecorded batches per mode first (default 3)")
     parser.add_argument(
+        "--mlflow-batches", type=int, default=4, help="MLflow batches per round (default 4; it is slow)"
+    )
+    parser.add_argument(
+        "--mlflow-venv",
+        type=Path,
+        default=mlflow_ingest.DEFAULT_VENV,
+        help="venv with mlflow (default: %(default)s)",
+    )
+    parser.add_argument("--no-mlflow", action="store_true", help="leave the MLflow baseline out")
+    parser.add_argument(
         "--pg-url",
         default=os.environ.get("LLDMON_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"),
         help="any database of the PostgreSQL server; scratch databases lldmon_bench_* are made next to it",
@@ -232,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.batch_rows % args.metrics:
         parser.error("--batch-rows must be a multiple of --metrics")
+    if min(args.rounds, args.batches, args.mlflow_batches) < 1 or args.warmup < 0:
+        parser.error("--rounds, --batches and --mlflow-batches must be >= 1, --warmup >= 0")
     print("command:", _util.command_line(), flush=True)
 
     from monitor.db.migrate import upgrade
@@ -254,14 +299,23 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
 
+    mlflow: dict[str, Any] = {}
+    skip = "--no-mlflow given" if args.no_mlflow else mlflow_ingest.unavailable(args.mlflow_venv)
+    if skip:
+        mlflow["skipped"] = skip
+        print(f"MLflow comparison skipped: {skip}", flush=True)
+    active = tuple(m for m in MODES if m != "mlflow" or not skip)
     suffix = uuid.uuid4().hex[:8]
     databases = [f"lldmon_bench_copy_{suffix}", f"lldmon_bench_api_{suffix}"]
-    modes: dict[str, CopyMode | HttpMode] = {}
+    if not skip:
+        databases.append(f"lldmon_bench_mlflow_{suffix}")
+    modes: dict[str, CopyMode | HttpMode | mlflow_ingest.MlflowMode] = {}
+    mlflow_server: mlflow_ingest.MlflowServer | None = None
     servers: list[_util.LldmonServer] = []
     created: list[str] = []
     try:
         with tempfile.TemporaryDirectory(prefix="lldmon_bench_") as tmp:
-            copy_url, api_url = (_util.create_database(args.pg_url, name) for name in databases)
+            copy_url, api_url, *mlflow_url = (_util.create_database(args.pg_url, name) for name in databases)
             created = databases
             upgrade(copy_url)
             upgrade(api_url)
@@ -273,25 +327,39 @@ def main(argv: list[str] | None = None) -> int:
             modes["copy"] = CopyMode(copy_url, workload)
             modes["lldmon-pg"] = HttpMode(servers[0], workload, "pg")
             modes["lldmon-sqlite"] = HttpMode(servers[1], workload, "sqlite")
+            if not skip:
+                mlflow_server = mlflow_ingest.MlflowServer(
+                    args.mlflow_venv, mlflow_url[0], Path(tmp)
+                ).__enter__()
+                modes["mlflow"] = mlflow_ingest.MlflowMode(mlflow_server, workload)
+                mlflow |= {"version": mlflow_ingest.version(args.mlflow_venv), "workers": 1}
 
-            next_batch = dict.fromkeys(MODES, 0)
+            next_batch = dict.fromkeys(active, 0)
 
             def block(mode: str, n: int, stats: Stats | None) -> None:
+                if mode == "mlflow":
+                    n = min(n, args.mlflow_batches)
                 first = next_batch[mode]
                 next_batch[mode] += n
                 payloads = [modes[mode].prepare(k) for k in range(first, first + n)]
                 run_block(modes[mode].send, payloads, stats)
 
-            for mode in MODES:
+            for mode in active:
                 block(mode, args.warmup, None)
-            stats = {mode: Stats() for mode in MODES}
+            stats = {mode: Stats() for mode in active}
             for r in range(args.rounds):
-                order = MODES[r % len(MODES) :] + MODES[: r % len(MODES)]
+                order = active[r % len(active) :] + active[: r % len(active)]
                 for mode in order:
                     block(mode, args.batches, stats[mode])
-                line = "  ".join(f"{m} {stats[m].rows_per_s[-1]:>9,.0f}" for m in MODES)
+                line = "  ".join(f"{m} {stats[m].rows_per_s[-1]:>9,.0f}" for m in active)
                 print(f"round {r + 1}/{args.rounds}: rows/s  {line}", flush=True)
             env["loadavg_end"] = os.getloadavg()
+            if not skip:
+                mode_ml = modes["mlflow"]
+                assert isinstance(mode_ml, mlflow_ingest.MlflowMode)
+                mlflow["rows_stored"] = mode_ml.stored_rows(mlflow_url[0])
+                warm_rows = min(args.warmup, args.mlflow_batches) * workload.rows
+                mlflow["rows_acknowledged"] = stats["mlflow"].rows + warm_rows
             for server in servers:
                 if server.proc is not None and server.proc.poll() is not None:
                     raise RuntimeError(f"a server died during the run:\n{server.log_tail()}")
@@ -300,10 +368,12 @@ def main(argv: list[str] | None = None) -> int:
             m.close()
         for server in servers:
             server.stop()
+        if mlflow_server is not None:
+            mlflow_server.stop()
         for name in created:
             _util.drop_database(args.pg_url, name)
 
-    result = summarise(stats, args, env)
+    result = summarise(stats, args, env, mlflow)
     print_table(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

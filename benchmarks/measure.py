@@ -8,11 +8,13 @@ and scaled linearly to the full batch).
 Usage::
 
     python benchmarks/measure.py [--responses 2560] [--tokens 1024] [--reps 10] [--naive-responses 64]
+                                 [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import shlex
@@ -20,6 +22,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -171,6 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--naive-responses", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--json", type=Path, help="write the timings here")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -203,6 +207,21 @@ def main(argv: list[str] | None = None) -> None:
     slow_med, slow_min = statistics.median(slow) * scale, min(slow) * scale
     print(f"naive loop    scaled x{scale:.0f}:       median {slow_med:8.1f} ms   min {slow_min:8.1f} ms")
     print(f"speed-up (median): x{slow_med / fast_med:.0f}")
+    if args.json:
+        summary = {
+            "command": shlex.join([sys.executable, *sys.argv]),
+            "responses": args.responses,
+            "tokens": args.tokens,
+            "actions": n_actions,
+            "threads": torch.get_num_threads(),
+            "measure_step_ms_median": fast_med,
+            "measure_step_ms_min": min(fast),
+            "naive_scaled_ms_median": slow_med,
+            "speedup": slow_med / fast_med,
+            "loadavg": os.getloadavg(),
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,125 @@
+"""Simulated training runs for the streaming benchmarks: canonical metrics + action records per step.
+
+Each run streams what a Search-R1-sized GRPO job with lldmon's hooks sends per optimizer step: one
+metrics batch with every canonical metric (`contracts.metrics.CANONICAL_METRICS`, values from the
+detector's labelled scenarios so the online detector sees realistic shapes and finds phases) and one
+action batch of `actions` records (`source="loss"`). Both bodies use the real wire format
+(`contracts.wire`), uncompressed JSON: gzip is the trainer's CPU, not the service's, and on a 2-core
+machine the client shares the cores with the server under test.
+
+Even runs follow `collapse_scenario(seed)` (held at their last value past its end), odd runs
+`healthy_scenario(seed)`, so phase changes (and alerts) happen while the benchmark streams.
+"""
+
+from __future__ import annotations
+
+import uuid
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+
+from contracts import metrics as M
+from contracts.wire import encode_float
+from monitor.detector.scenarios import collapse_scenario, healthy_scenario
+
+# Canonical metrics the scenarios do not generate: the LLDS state a trainer reports (off) and the
+# metrics without a scenario shape, as slow AR-free noise around a plausible level.
+_EXTRA_LEVELS: dict[str, tuple[float, float]] = {
+    M.LLDS_ACTIVE: (0.0, 0.0),
+    M.LLDS_LAMBDA: (0.0, 0.0),
+    M.LLDS_LOSS: (0.0, 0.0),
+    M.LLDS_GATED_ACTION_FRAC: (0.0, 0.0),
+    M.RATIO_POS_MIN: (0.7, 0.05),
+    M.ADV_POS_NEG_MASS_RATIO: (1.0, 0.1),
+    M.LOSS: (0.05, 0.02),
+}
+
+
+@dataclass(frozen=True)
+class SimRun:
+    """One simulated run: `values[name][step]` (None = not logged) and a pre-encoded action template."""
+
+    name: str
+    kind: str
+    values: dict[str, list[float | str | None]]
+    actions_tail: bytes
+    actions: int
+
+    @property
+    def n_steps(self) -> int:
+        return len(next(iter(self.values.values())))
+
+    def metric_rows(self, step: int) -> int:
+        return sum(column[step] is not None for column in self.values.values())
+
+    def metrics_body(self, steps: range) -> bytes:
+        """Metrics batch for `steps` (one id per call: a retry would reuse the body)."""
+        return orjson.dumps(
+            {
+                "batch_id": uuid.uuid4().hex,
+                "steps": list(steps),
+                "metrics": {name: column[steps.start : steps.stop] for name, column in self.values.items()},
+            }
+        )
+
+    def actions_body(self, step: int) -> bytes:
+        """Action batch of step `step`: only `batch_id` and the `step` column change between steps."""
+        head = b'{"batch_id":"%s","step":[%s]' % (
+            uuid.uuid4().hex.encode(),
+            b",".join([str(step).encode()] * self.actions),
+        )
+        return head + self.actions_tail
+
+
+def _series(index: int, n_steps: int) -> tuple[str, dict[str, list[float | str | None]]]:
+    scenario = collapse_scenario(index) if index % 2 == 0 else healthy_scenario(index, n_steps=n_steps)
+    out: dict[str, list[float | str | None]] = {}
+    for name in M.CANONICAL_METRICS:
+        if name in scenario.values:
+            raw, present = scenario.values[name], scenario.present[name]
+            if len(raw) < n_steps:  # hold the last state past the scenario's end
+                pad = n_steps - len(raw)
+                raw = np.concatenate([raw, np.repeat(raw[-1:], pad)])
+                present = np.concatenate([present, np.repeat(present[-1:], pad)])
+            out[name] = [
+                encode_float(float(v)) if p else None
+                for v, p in zip(raw[:n_steps], present[:n_steps], strict=True)
+            ]
+        else:
+            level, sd = _EXTRA_LEVELS[name]
+            rng = np.random.default_rng(zlib.crc32(name.encode()) + index)
+            out[name] = [float(level + sd * x) for x in rng.standard_normal(n_steps)]
+    return scenario.kind, out
+
+
+def _actions_tail(index: int, n: int) -> bytes:
+    """All action columns but `batch_id` and `step`, JSON-encoded once per run."""
+    rng = np.random.default_rng(10_000 + index)
+    advantage = np.round(rng.standard_normal(n // 3 + 1), 4)
+    body = orjson.dumps(
+        {
+            "traj_index": [i // 3 for i in range(n)],
+            "action_index": [i % 3 for i in range(n)],
+            "n_tokens": rng.integers(20, 120, n).tolist(),
+            "delta": np.round(rng.normal(-0.02, 0.3, n), 5).tolist(),
+            "old_logp_mean": np.round(-rng.uniform(0.05, 2.5, n), 5).tolist(),
+            "advantage": [float(advantage[i // 3]) for i in range(n)],
+            "reward": [float(advantage[i // 3] > 0) for i in range(n)],
+            "is_answer": [i % 3 == 2 for i in range(n)],
+            "source": ["loss"] * n,
+        }
+    )
+    return b"," + body[1:]  # '{"traj_index":...}' -> ',"traj_index":...}'
+
+
+def make_runs(n_runs: int, n_steps: int, actions: int, prefix: str = "sim") -> list[SimRun]:
+    """`n_runs` runs of `n_steps` steps each, deterministic for a given (index, n_steps)."""
+    if n_runs < 1 or n_steps < 1 or actions < 0:
+        raise ValueError(f"need n_runs >= 1, n_steps >= 1, actions >= 0; got {n_runs}, {n_steps}, {actions}")
+    runs = []
+    for i in range(n_runs):
+        kind, values = _series(i, n_steps)
+        runs.append(SimRun(f"{prefix}-{i:03d}", kind, values, _actions_tail(i, actions), actions))
+    return runs

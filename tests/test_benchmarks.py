@@ -1,0 +1,98 @@
+"""The benchmark scripts stay runnable: the streaming benchmarks' bodies are valid wire batches, and the
+quick mode of `benchmarks.run_all` produces results whose correctness checks hold (speed is not checked)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import mlflow_ingest
+from benchmarks._workload import make_runs
+from contracts import metrics as M
+from monitor.api.wire import decode_actions, decode_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+PG_URL = os.environ.get("LLDMON_TEST_DATABASE_URL")
+
+
+def test_simulated_batches_pass_the_service_decoder() -> None:
+    run = make_runs(2, 90, actions=30)[0]
+    assert set(run.values) == set(M.CANONICAL_METRICS)
+
+    _, metrics = decode_metrics(run.metrics_body(range(80, 83)))
+    assert len(metrics) == sum(run.metric_rows(s) for s in range(80, 83))
+    assert set(metrics.steps) == {80, 81, 82}
+
+    batch_id, actions = decode_actions(run.actions_body(7))
+    assert len(actions) == 30
+    assert set(actions.step) == {7}
+    assert sorted(zip(actions.traj_index, actions.action_index, strict=True)) == [
+        (i // 3, i % 3) for i in range(30)
+    ]
+    assert batch_id != decode_actions(run.actions_body(7))[0]  # a fresh id per batch
+
+
+def test_mlflow_baseline_says_why_it_is_unavailable(tmp_path: Path) -> None:
+    reason = mlflow_ingest.unavailable(tmp_path / "no-venv")
+    assert reason is not None
+    assert "setup_mlflow_venv.sh" in reason
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif(PG_URL is None, reason="needs LLDMON_TEST_DATABASE_URL (a PostgreSQL server)")
+def test_quick_streaming_benchmarks(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    argv = [sys.executable, "-m", "benchmarks.run_all", "--quick", "--only", "concurrent_runs,scale"]
+    proc = subprocess.run(
+        [*argv, "--out", str(out), "--pg-url", str(PG_URL)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["machine"]["cpus"] == os.cpu_count()
+    assert len(results["loadavg_before"]) == 3
+    assert set(results["benchmarks"]) == {"concurrent_runs", "scale"}
+
+    conc = results["benchmarks"]["concurrent_runs"]["summary"]
+    steps, c = conc["steps"], conc["correctness"]
+    runs, actions = conc["args"]["runs"], conc["args"]["actions"]
+    assert steps["steps_acknowledged"] > 0
+    assert steps["steps_failed"] == 0
+    assert c["ok"]
+    assert c["metric_rows_lost"] == c["metric_rows_unexpected"] == c["metric_values_wrong"] == 0
+    assert c["metric_rows_stored"] == c["metric_rows_acknowledged"] == c["metric_rows_expected"]
+    assert c["action_rows_stored"] == c["action_rows_acknowledged"] == steps["steps_acknowledged"] * actions
+    assert c["ledger_batches"] == {
+        "metrics": runs + steps["steps_acknowledged"],
+        "actions": steps["steps_acknowledged"],
+    }
+    assert conc["detector_per_step"]["count"] == steps["steps_acknowledged"]
+
+    scale = results["benchmarks"]["scale"]["summary"]
+    assert [t["config"] for t in scale["trials"]] == ["single", "dual"]
+    assert scale["correctness"] == {
+        "rows_ok": True,
+        "phases_identical": True,
+        "phase_events_per_database": scale["correctness"]["phase_events_per_database"],
+        "runs_with_phase_changes": scale["correctness"]["runs_with_phase_changes"],
+        "ok": True,
+    }
+    assert scale["correctness"]["phase_events_per_database"] > 0
+    w = scale["workload"]
+    for trial in scale["trials"]:
+        tc = trial["correctness"]
+        assert tc["action_rows_stored"] == w["runs"] * w["streamed_steps_per_run"] * w["actions_per_step"]
+        assert tc["metric_rows_stored"] == tc["metric_rows_expected"]
+        assert tc["metric_rows_duplicated"] == tc["metric_rows_lost"] == 0
+
+    table = (out / "results.md").read_text()
+    assert "python -m benchmarks.concurrent_runs" in table
+    assert "python -m benchmarks.scale" in table
