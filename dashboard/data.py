@@ -92,12 +92,8 @@ def list_runs(
             or needle in r.project.lower()
             or any(needle in t.lower() for t in r.tags)
         ]
-    return [RunRow(run=r, open_alerts=_open_alerts(state, principal, r.id)) for r in runs]
-
-
-def _open_alerts(state: AppState, principal: Principal, run_id: int) -> int:
-    """Alerts not yet resolved (open or acknowledged)."""
-    return sum(1 for a in state.alerts.list(principal, run_id) if a.status != "resolved")
+    counts = state.alerts.unresolved_counts(runs)  # open or acknowledged, one query for all runs
+    return [RunRow(run=r, open_alerts=counts[r.id]) for r in runs]
 
 
 def projects(state: AppState, principal: Principal) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATA_DIR = Path.home() / ".lldmon"
@@ -28,6 +28,10 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
     auto_upgrade: bool = Field(
         default=True, description="Upgrade an empty or outdated SQLite schema on start-up."
+    )
+    metrics_token: SecretStr | None = Field(
+        default=None,
+        description="If set, GET /metrics needs `Authorization: Bearer <it>` (its series name runs).",
     )
     db_pool_size: int = Field(default=8, gt=0)
     log_level: str = "info"

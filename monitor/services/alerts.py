@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from monitor.domain import AlertInfo, Principal
+from collections.abc import Sequence
+
+from monitor.domain import AlertInfo, Principal, RunInfo
 from monitor.errors import NotFound
 from monitor.services.runs import RunService
 from monitor.store import Database
@@ -18,6 +20,14 @@ class AlertService:
         self.runs.get(principal, run_id)
         with self.db.read() as conn:
             return alert_store.list_alerts(conn, run_id, status)
+
+    def unresolved_counts(self, runs: Sequence[RunInfo]) -> dict[int, int]:
+        """Open or acknowledged alerts of each run (0 if none), in one query. `runs` must come from
+        `RunService.list` / `get` for the same principal: that is where access was checked."""
+        ids = [r.id for r in runs]
+        with self.db.read() as conn:
+            counts = alert_store.unresolved_counts(conn, ids)
+        return {run_id: counts.get(run_id, 0) for run_id in ids}
 
     def acknowledge(self, principal: Principal, run_id: int, alert_id: int) -> AlertInfo:
         """Stop re-notifications of an open alert; it still resolves when the run recovers."""

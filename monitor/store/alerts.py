@@ -98,6 +98,18 @@ def list_alerts(conn: Connection, run_id: int, status: str | None = None) -> lis
     return [_to_info(r) for r in conn.execute(query.order_by(alerts.c.id)).all()]
 
 
+def unresolved_counts(conn: Connection, run_ids: list[int]) -> dict[int, int]:
+    """Open or acknowledged alerts per run, for many runs in one query (runs without any are absent)."""
+    if not run_ids:
+        return {}
+    rows = conn.execute(
+        select(alerts.c.run_id, func.count())
+        .where(alerts.c.run_id.in_(run_ids), alerts.c.status.in_(_UNRESOLVED))
+        .group_by(alerts.c.run_id)
+    ).all()
+    return {int(r): int(n) for r, n in rows}
+
+
 def open_counts(conn: Connection) -> dict[str, int]:
     rows = conn.execute(
         select(alerts.c.severity, func.count()).where(alerts.c.status == "open").group_by(alerts.c.severity)

@@ -247,6 +247,8 @@ def test_runs_table_filters(client: TestClient, dctx: DashContext, collapsed: in
         a for a in client.get(f"{API_PREFIX}/runs/{collapsed}/alerts").json() if a["status"] != "resolved"
     ]
     assert cells[6].children == str(len(open_alerts)) and open_alerts
+    quiet = next(r for r in table.children[1].children if r.id != f"run-row-{collapsed}")
+    assert quiet.children[6].children == "0"  # a run without alerts counts 0 (one query for all runs)
 
 
 def test_compare_runs(client: TestClient, state: AppState, collapsed: int) -> None:

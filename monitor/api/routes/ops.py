@@ -1,8 +1,11 @@
-"""Liveness, readiness and Prometheus metrics (unauthenticated, for probes and scrapers)."""
+"""Liveness, readiness and Prometheus metrics, for probes and scrapers: no project token needed, but
+/metrics takes its own scrape token when `LLDMON_METRICS_TOKEN` is set (its series carry run names)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Response
+import hmac
+
+from fastapi import APIRouter, Depends, Header, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -26,5 +29,17 @@ def readyz(state: AppState = Depends(get_state)) -> JSONResponse:
 
 
 @router.get("/metrics", response_class=Response)
-def prometheus_metrics(state: AppState = Depends(get_state)) -> Response:
+def prometheus_metrics(
+    state: AppState = Depends(get_state),
+    authorization: str | None = Header(default=None, description="Bearer <LLDMON_METRICS_TOKEN>, if set."),
+) -> Response:
+    expected = state.settings.metrics_token
+    if expected is not None:
+        given = (authorization or "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), expected.get_secret_value().encode()):
+            return JSONResponse(
+                {"error": {"code": "unauthorized", "message": "GET /metrics needs the scrape token"}},
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
     return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)

@@ -6,6 +6,7 @@ import dataclasses
 
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
+from pydantic import SecretStr
 
 from monitor.api.app import assemble_state
 from monitor.db.engine import make_engine
@@ -67,3 +68,19 @@ def test_api_answers_503_while_the_database_is_down(client: TestClient, app) -> 
     finally:
         app.state.lldmon = state
         down.dispose()
+
+
+def test_metrics_needs_the_scrape_token_when_one_is_set(settings) -> None:  # type: ignore[no-untyped-def]
+    """Run names appear in the phase series, so a deployment can close /metrics to strangers."""
+    from monitor.api.app import create_app
+
+    app = create_app(settings.model_copy(update={"metrics_token": SecretStr("scrape-s3cret")}))
+    try:
+        with TestClient(app) as client:
+            assert client.get("/metrics").status_code == 401
+            assert client.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
+            ok = client.get("/metrics", headers={"Authorization": "Bearer scrape-s3cret"})
+            assert ok.status_code == 200 and "lldmon_ingest_batches_total" in ok.text
+            assert client.get("/healthz").status_code == 200  # probes stay open
+    finally:
+        app.state.lldmon.db.dispose()
