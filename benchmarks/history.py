@@ -12,17 +12,20 @@ median of `--reps` after one warm-up:
 
 Usage::
 
-    python -m benchmarks.history [--steps 10000] [--reps 5]
+    python -m benchmarks.history [--steps 10000] [--reps 5] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
+import os
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--json", type=Path, help="write the timings here")
     args = parser.parse_args(argv)
     print("command:", _util.command_line(), flush=True)
     from tests.live_server import LiveServer
@@ -94,9 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         results = {"runs_show": timed(show, args.reps)}
         for fmt in ("csv", "parquet"):
             out = Path(tmp) / f"export.{fmt}"
-            results[f"export_{fmt}"] = timed(
-                lambda f=fmt, o=out: exporter.write(OPEN, run_id, f, o), args.reps
-            )
+            results[f"export_{fmt}"] = timed(partial(exporter.write, OPEN, run_id, fmt, out), args.reps)
             results[f"{fmt}_mib"] = out.stat().st_size / 2**20
         state.db.dispose()
         with LiveServer(Path(tmp) / "data").start() as server:
@@ -109,6 +111,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     for key, value in results.items():
         print(f"  {key:16s} {value:8.1f} {'MiB' if key.endswith('_mib') else 'ms'}")
+    if args.json:
+        summary = {
+            "command": _util.command_line(),
+            "steps": args.steps,
+            "metrics": n_metrics,
+            "points": args.steps * n_metrics,
+            "reps": args.reps,
+            "median_ms": {k: round(v, 2) for k, v in results.items() if not k.endswith("_mib")},
+            "file_mib": {
+                k.removesuffix("_mib"): round(v, 3) for k, v in results.items() if k.endswith("_mib")
+            },
+            "loadavg": os.getloadavg(),
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
     return 0
 
 

@@ -4,19 +4,22 @@ Generates a verl `file`-logger JSONL of `--steps` steps x `--metrics` metrics (r
 orjson writes them: null), then
 1. parses it in a fresh process (`load_log`) and reports seconds, MB/s and the process's peak RSS next to
    the file size and to the RSS of the same process before parsing;
-2. imports the parsed log with `ImportService` into an embedded SQLite (and into `--database-url` if
-   given), `--chunk-steps` steps per ingest batch, with the detector running after each batch as online,
-   and reports steps/s and values/s.
+2. imports a `--import-steps` file with `ImportService` into an embedded SQLite and into a scratch,
+   migrated PostgreSQL database made next to `--pg-url` (dropped afterwards; `--no-pg` leaves it out),
+   `--chunk-steps` steps per ingest batch, with the detector running after each batch as online, and
+   reports steps/s and values/s.
 
 Usage::
 
     python -m benchmarks.importing [--steps 40000] [--metrics 60] [--import-steps 5000]
-                                   [--chunk-steps 50] [--database-url postgresql+psycopg://...]
+                                   [--chunk-steps 50] [--no-pg] [--json PATH]
+                                   [--pg-url postgresql+psycopg://postgres@127.0.0.1:5432/test]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -26,8 +29,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+from benchmarks import _streaming, _util
 from monitor.importers.names import VERL_NAMES
+
+DEFAULT_PG = os.environ.get("LLDMON_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 _PARSE = """
 import json, resource, sys, time
@@ -83,7 +90,7 @@ def import_into(url: str, path: Path, chunk_steps: int) -> tuple[int, int, float
     return len(log), log.n_points, seconds
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     logging.getLogger("lldmon.alerts").disabled = True  # the log sink would print every alert
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -93,11 +100,18 @@ def main() -> None:
     parser.add_argument("--import-steps", type=int, default=5_000, help="steps of the file that is imported")
     parser.add_argument("--chunk-steps", type=int, default=50)
     parser.add_argument(
-        "--database-url",
-        default=os.environ.get("LLDMON_BENCH_DATABASE_URL"),
-        help="a migrated PostgreSQL database to import into as well (`lldmon db upgrade` first)",
+        "--pg-url",
+        default=DEFAULT_PG,
+        help="any database of the PostgreSQL server; a scratch database lldmon_bench_import_* is made next to it",
     )
-    args = parser.parse_args()
+    parser.add_argument("--no-pg", action="store_true", help="import into SQLite only")
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    args = parser.parse_args(argv)
+    summary: dict[str, Any] = {
+        "command": _util.command_line(),
+        "args": {k: getattr(args, k) for k in ("steps", "metrics", "import_steps", "chunk_steps")},
+        "import": {},
+    }
 
     with tempfile.TemporaryDirectory() as tmp:
         big = Path(tmp) / "big.jsonl"
@@ -111,18 +125,44 @@ def main() -> None:
             f"peak RSS {parsed['rss_peak_kb'] / 1e3:.0f} MB (+{grown:.0f} MB over the idle process, "
             f"{grown / size_mb:.2f} x the file)"
         )
+        summary["parse"] = {
+            "file_mb": round(size_mb, 2),
+            "steps": parsed["steps"],
+            "values": parsed["values"],
+            "seconds": round(parsed["seconds"], 3),
+            "mb_per_s": round(size_mb / parsed["seconds"], 1),
+            "rss_before_mb": round(parsed["rss_before_kb"] / 1e3, 1),
+            "rss_peak_mb": round(parsed["rss_peak_kb"] / 1e3, 1),
+            "rss_growth_mb": round(grown, 1),
+            "rss_growth_per_file_mb": round(grown / size_mb, 2),
+        }
         small = Path(tmp) / "small.jsonl"
         write_jsonl(small, args.import_steps, args.metrics, seed=1)
-        targets = [("sqlite", f"sqlite:///{Path(tmp) / 'bench.db'}")]
-        if args.database_url:
-            targets.append(("postgresql", args.database_url))
-        for label, url in targets:
-            steps, values, seconds = import_into(url, small, args.chunk_steps)
-            print(
-                f"import into {label}, {args.chunk_steps} steps per batch: {steps} steps, {values} values in "
-                f"{seconds:.2f} s = {steps / seconds:.0f} steps/s, {values / seconds:.0f} values/s"
-            )
+        with contextlib.ExitStack() as stack:
+            targets = [("sqlite", f"sqlite:///{Path(tmp) / 'bench.db'}")]
+            if not args.no_pg:
+                summary["postgresql"] = _util.server_version(args.pg_url)
+                targets.append(
+                    ("postgresql", stack.enter_context(_streaming.scratch_database(args.pg_url, "import")))
+                )
+            for label, url in targets:
+                steps, values, seconds = import_into(url, small, args.chunk_steps)
+                print(
+                    f"import into {label}, {args.chunk_steps} steps per batch: {steps} steps, {values} values in "
+                    f"{seconds:.2f} s = {steps / seconds:.0f} steps/s, {values / seconds:.0f} values/s"
+                )
+                summary["import"][label] = {
+                    "steps": steps,
+                    "values": values,
+                    "seconds": round(seconds, 3),
+                    "steps_per_s": round(steps / seconds),
+                    "values_per_s": round(values / seconds),
+                }
     print(f"load average: {os.getloadavg()[0]:.1f}")
+    if args.json:
+        summary["loadavg"] = os.getloadavg()
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
 
 
 if __name__ == "__main__":

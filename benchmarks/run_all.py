@@ -9,6 +9,10 @@ Benchmarks (each writes its own JSON summary, which is embedded in `results.json
 * ``measure``          `measure_step` on a Search-R1-sized batch
 * ``hooks``            TRL hooks overhead per training step
 * ``dashboard``        dashboard callback latencies on a 10,000-step run
+* ``history``          run history on a 10,000-step x 30-metric run: `runs show`, export CSV / Parquet,
+                       `fetch_metrics` over HTTP
+* ``importing``        `lldmon import`: parsing a large verl JSONL (time, peak memory), importing 5,000 steps
+                       into SQLite and PostgreSQL through the ingest path
 
 `--out DIR` receives `results.json` (machine: CPU count and model, load average before and after each
 benchmark, date, git commit; per benchmark: command, exit status, duration, its JSON summary),
@@ -124,6 +128,26 @@ BENCHES = (
         (),
         ("--steps", "1000", "--reps", "2"),
         False,
+        1800,
+    ),
+    Bench(
+        "history",
+        "run history on a 10,000-step run with 30 metrics: runs show, export, fetch_metrics over HTTP",
+        "benchmarks.history",
+        "--json",
+        (),
+        ("--steps", "500", "--reps", "1"),
+        False,
+        900,
+    ),
+    Bench(
+        "importing",
+        "lldmon import: parse a 40,000-step x 60-metric verl JSONL, import 5,000 steps into SQLite / PostgreSQL",
+        "benchmarks.importing",
+        "--json",
+        (),
+        ("--steps", "500", "--metrics", "20", "--import-steps", "100", "--chunk-steps", "50"),
+        True,
         1800,
     ),
 )
@@ -313,6 +337,33 @@ def _dashboard(s: dict[str, Any]) -> str:
     return f"{text}, {others}"
 
 
+def _history(s: dict[str, Any]) -> str:
+    t, mib = s["median_ms"], s["file_mib"]
+    return (
+        f"{s['steps']:,} steps x {s['metrics']} metrics ({s['points']:,} points), median of {s['reps']}: "
+        f"runs show {t['runs_show']:.0f} ms, export CSV {t['export_csv']:.0f} ms ({mib['csv']:.1f} MiB), "
+        f"Parquet {t['export_parquet']:.0f} ms ({mib['parquet']:.1f} MiB), fetch_metrics over HTTP "
+        f"{t['fetch_metrics']:.0f} ms"
+    )
+
+
+_DATABASES = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
+
+
+def _importing(s: dict[str, Any]) -> str:
+    p, a = s["parse"], s["args"]
+    imports = ", ".join(
+        f"{_DATABASES.get(label, label)} {x['steps_per_s']:,} steps/s ({x['values_per_s']:,} values/s)"
+        for label, x in s["import"].items()
+    )
+    return (
+        f"parse {p['file_mb']:.1f} MB verl JSONL ({p['steps']:,.0f} steps x {a['metrics']} metrics): {p['seconds']:.2f} s "
+        f"= {p['mb_per_s']:.0f} MB/s, peak RSS +{p['rss_growth_mb']:.0f} MB over the idle process "
+        f"({p['rss_growth_per_file_mb']:.2f}x the file); import {a['import_steps']:,} steps, {a['chunk_steps']} "
+        f"per batch: {imports}"
+    )
+
+
 FIGURES: dict[str, Callable[[dict[str, Any]], str]] = {
     "ingest": _ingest,
     "concurrent_runs": _concurrent,
@@ -321,6 +372,8 @@ FIGURES: dict[str, Callable[[dict[str, Any]], str]] = {
     "measure": _measure,
     "hooks": _hooks,
     "dashboard": _dashboard,
+    "history": _history,
+    "importing": _importing,
 }
 
 

@@ -96,3 +96,41 @@ def test_quick_streaming_benchmarks(tmp_path: Path) -> None:
     table = (out / "results.md").read_text()
     assert "python -m benchmarks.concurrent_runs" in table
     assert "python -m benchmarks.scale" in table
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif(PG_URL is None, reason="needs LLDMON_TEST_DATABASE_URL (a PostgreSQL server)")
+def test_quick_history_and_importing_benchmarks(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    argv = [sys.executable, "-m", "benchmarks.run_all", "--quick", "--only", "history,importing"]
+    proc = subprocess.run(
+        [*argv, "--out", str(out), "--pg-url", str(PG_URL)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["benchmarks"]) == {"history", "importing"}
+
+    history = results["benchmarks"]["history"]["summary"]
+    assert history["points"] == history["steps"] * history["metrics"]
+    assert set(history["median_ms"]) == {"runs_show", "export_csv", "export_parquet", "fetch_metrics"}
+    assert all(v > 0 for v in history["median_ms"].values())
+    assert set(history["file_mib"]) == {"csv", "parquet"}
+
+    importing = results["benchmarks"]["importing"]["summary"]
+    args, parse = importing["args"], importing["parse"]
+    assert parse["steps"] == args["steps"]
+    assert parse["seconds"] > 0
+    assert set(importing["import"]) == {"sqlite", "postgresql"}
+    for target in importing["import"].values():
+        assert target["steps"] == args["import_steps"]
+        assert target["values"] > 0
+        assert target["steps_per_s"] > 0
+
+    table = (out / "results.md").read_text()
+    assert "python -m benchmarks.history" in table
+    assert "python -m benchmarks.importing" in table
+    assert "results not understood" not in table
