@@ -17,7 +17,7 @@ from monitor.alerting.rules import ActiveCondition, plan_alerts
 from monitor.alerting.sinks import Dispatcher, Notification
 from monitor.config import Settings
 from monitor.detector import DetectorConfig, DetectorState, SeriesWindow, update
-from monitor.domain import Principal
+from monitor.domain import DirectiveInfo, Principal
 from monitor.errors import InvalidInput, NotFound
 from monitor.services.directive_policy import DirectiveRule, decide
 from monitor.services.runs import RunService
@@ -52,7 +52,9 @@ class DetectionService:
             escalate_after=settings.llds_escalate_after_steps,
         )
 
-    def process(self, run_id: int) -> None:
+    def process(self, run_id: int) -> DirectiveInfo:
+        """Judge the run's steps after the last one judged; returns the directive in force afterwards
+        (read in the same transaction, so the acknowledgement needs no further round trip)."""
         start = time.perf_counter()
         notifications: list[Notification] = []
         with self.db.write() as conn:
@@ -68,7 +70,7 @@ class DetectionService:
             if len(steps) == 0 or (
                 state is not None and state.last_step is not None and steps[-1] <= state.last_step
             ):
-                return
+                return event_store.current_directive(conn, run_id)
             result = update(SeriesWindow(steps=steps, values=values, present=present), state, config)
             detection_store.save_state(conn, run_id, json_safe(result.state.to_dict()), result.state.phase)
             for phase_change in result.phase_changes:
@@ -105,13 +107,8 @@ class DetectionService:
                 alert_store.resolve(conn, alert.id, last_step, now)
                 resolved = ActiveCondition(alert.kind, alert.severity, last_step, "condition cleared", {})
                 notifications.append(_notification("resolved", alert.id, target, resolved))
-            change = decide(
-                target.policy,
-                result.state.phase,
-                last_step,
-                event_store.current_directive(conn, run_id),
-                self.rule,
-            )
+            directive = event_store.current_directive(conn, run_id)
+            change = decide(target.policy, result.state.phase, last_step, directive, self.rule)
             if change is not None:
                 event_store.append_directive(
                     conn,
@@ -122,8 +119,10 @@ class DetectionService:
                     source="detector",
                     step=last_step,
                 )
+                directive = event_store.current_directive(conn, run_id)
         self.telemetry.detector_seconds.observe(time.perf_counter() - start)
         self.dispatcher.submit(notifications)
+        return directive
 
     def set_overrides(self, principal: Principal, run_id: int, overrides: dict[str, Any]) -> dict[str, Any]:
         """Per-run detector settings; unknown names or bad types are rejected before anything is saved."""

@@ -1,4 +1,6 @@
-"""Ingest: one transaction per batch (ledger entry + rows + run activity), acknowledged after commit."""
+"""Ingest: one transaction per batch (run check, ledger entry, rows, run activity), acknowledged after
+commit with the run's directive. A metrics batch then runs the detector, whose transaction also reads
+the directive it may have just changed: two transactions per metrics batch, one per actions batch."""
 
 from __future__ import annotations
 
@@ -28,34 +30,37 @@ class IngestService:
     def ingest_metrics(
         self, principal: Principal, run_id: int, batch_id: str, batch: MetricsColumns
     ) -> IngestAck:
-        self.runs.get(principal, run_id)
         last_step = max(batch.steps) if batch.steps else None
         with self.telemetry.time_ingest("metrics"), self.db.write() as conn:
+            RunService.get_in(conn, principal, run_id)
             previous = ingest_store.claim_batch(conn, run_id, batch_id, "metrics", len(batch))
             if previous is None:
                 ingest_store.write_metrics(conn, run_id, batch)
                 run_store.touch_run(conn, run_id, last_step)
+            else:  # a re-sent batch: nothing new for the detector
+                directive = event_store.current_directive(conn, run_id)
         if previous is None:
-            self._detect(run_id)
-        with self.db.read() as conn:
-            directive = event_store.current_directive(conn, run_id)
+            directive = self._detect(run_id)
         return self._ack("metrics", batch_id, len(batch), previous, directive, last_step)
 
-    def _detect(self, run_id: int) -> None:
-        """The batch is committed: a detector failure must not turn its acknowledgement into an error.
+    def _detect(self, run_id: int) -> DirectiveInfo:
+        """Run the detector over the new steps; the directive after it.
 
+        The batch is committed: a detector failure must not turn its acknowledgement into an error.
         Steps it missed are picked up by the next batch (the window starts at the last processed step).
         """
         try:
-            self.detection.process(run_id)
+            return self.detection.process(run_id)
         except Exception:
             log.exception("detector failed on run %s; will catch up on the next batch", run_id)
+        with self.db.read() as conn:
+            return event_store.current_directive(conn, run_id)
 
     def ingest_actions(
         self, principal: Principal, run_id: int, batch_id: str, batch: ActionColumns
     ) -> IngestAck:
-        self.runs.get(principal, run_id)
         with self.telemetry.time_ingest("actions"), self.db.write() as conn:
+            RunService.get_in(conn, principal, run_id)
             previous = ingest_store.claim_batch(conn, run_id, batch_id, "actions", len(batch))
             if previous is None:
                 ingest_store.write_actions(conn, run_id, batch)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Final
 
+from sqlalchemy import Connection
+
 from contracts.wire import DIRECTIVE_POLICIES, RUN_STATUSES
 from monitor.domain import Principal, RunFilter, RunInfo
 from monitor.errors import Forbidden, InvalidInput, NotFound
@@ -39,10 +41,15 @@ class RunService:
             return run_store.create_run(conn, project_id, name, config, tags)
 
     def get(self, principal: Principal, run_id: int) -> RunInfo:
+        with self.db.read() as conn:
+            return self.get_in(conn, principal, run_id)
+
+    @staticmethod
+    def get_in(conn: Connection, principal: Principal, run_id: int) -> RunInfo:
+        """`get` inside a transaction the caller holds (ingest checks the run in its write transaction)."""
         if not 0 <= run_id <= MAX_RUN_ID:  # e.g. from a dashboard URL
             raise NotFound(f"run {run_id} does not exist")
-        with self.db.read() as conn:
-            run = run_store.get_run(conn, run_id)
+        run = run_store.get_run(conn, run_id)
         if run is None:
             raise NotFound(f"run {run_id} does not exist")
         check_access(principal, run)

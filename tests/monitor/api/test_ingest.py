@@ -280,3 +280,35 @@ def test_rejected_batches_are_counted(client: TestClient) -> None:
     run_id = new_run(client)
     post_metrics(client, run_id, {"batch_id": "x", "steps": [-1], "metrics": {}})
     assert 'lldmon_ingest_batches_total{kind="metrics",outcome="rejected"} 1.0' in client.get("/metrics").text
+
+
+def test_ingest_round_trips_to_the_database_are_bounded(client: TestClient, app) -> None:  # type: ignore[no-untyped-def]
+    """Connection checkouts per request, after the token lookup (one read, so a revoked token stops at
+    once): a metrics batch is one write transaction (run check, ledger, rows) plus the detector's, which
+    also reads the directive for the acknowledgement; an actions batch or a re-send is one (it was 4 and
+    2 when the run check and the directive read had transactions of their own)."""
+    from sqlalchemy import event
+
+    from contracts import metrics as M
+
+    run_id = new_run(client)
+    checkouts: list[int] = []
+    pool = app.state.lldmon.db.engine.pool
+
+    def count(*_args: object) -> None:
+        checkouts.append(1)
+
+    event.listen(pool, "checkout", count)
+    try:
+        batch = metrics_batch([0, 1], {M.REWARD_MEAN: [0.1, 0.2], M.GRAD_NORM: [1.0, 1.1]})
+        assert post_metrics(client, run_id, batch).json()["directive"]["version"] == 0
+        assert len(checkouts) == 1 + 2
+        checkouts.clear()
+        assert post_metrics(client, run_id, batch).json()["duplicate"] is True
+        assert len(checkouts) == 1 + 1
+        checkouts.clear()
+        response = client.post(f"{API_PREFIX}/runs/{run_id}/actions", json=action_batch(4))
+        assert response.status_code == 200 and "directive" in response.json()
+        assert len(checkouts) == 1 + 1
+    finally:
+        event.remove(pool, "checkout", count)
