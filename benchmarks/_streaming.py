@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import os
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -342,3 +344,10 @@ def machine() -> dict[str, Any]:
                 model = line.split(":", 1)[1].strip()
                 break
     return {"cpus": os.cpu_count(), "cpu_model": model, "loadavg": [round(x, 2) for x in os.getloadavg()]}
+
+
+def write_json(path: Path, result: dict[str, Any]) -> None:
+    """A benchmark's summary as JSON (for run_all), and where it went."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"results: {path}")

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import os
 import statistics
@@ -381,9 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     result["max_sustained_steps_per_s"] = max((t["achieved_steps_per_s"] for t in sustained), default=None)
     print(f"\nmax sustained (measured): {result['max_sustained_steps_per_s']} steps/s")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"results: {args.json}")
+        _streaming.write_json(args.json, result)
     return 0 if result["correctness"]["ok"] else 1
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -276,9 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run_benchmark(args)
     print_report(result)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"results: {args.json}")
+        _streaming.write_json(args.json, result)
     return 0 if result["correctness"]["ok"] else 1
 
 

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,17 @@ from monitor.api.wire import decode_actions, decode_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 PG_URL = os.environ.get("LLDMON_TEST_DATABASE_URL")
+
+
+def run_quick(out: Path, only: str, *, timeout: int) -> dict[str, Any]:
+    """`run_all --quick --only ONLY` into `out`; its results.json (the run must succeed)."""
+    argv = [sys.executable, "-m", "benchmarks.run_all", "--quick", "--only", only, "--out", str(out)]
+    proc = subprocess.run(
+        [*argv, "--pg-url", str(PG_URL)], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results: dict[str, Any] = json.loads((out / "results.json").read_text())
+    return results
 
 
 def test_simulated_batches_pass_the_service_decoder() -> None:
@@ -47,16 +59,7 @@ def test_mlflow_baseline_says_why_it_is_unavailable(tmp_path: Path) -> None:
 @pytest.mark.skipif(PG_URL is None, reason="needs LLDMON_TEST_DATABASE_URL (a PostgreSQL server)")
 def test_quick_streaming_benchmarks(tmp_path: Path) -> None:
     out = tmp_path / "results"
-    argv = [sys.executable, "-m", "benchmarks.run_all", "--quick", "--only", "concurrent_runs,scale"]
-    proc = subprocess.run(
-        [*argv, "--out", str(out), "--pg-url", str(PG_URL)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    results = json.loads((out / "results.json").read_text())
+    results = run_quick(out, "concurrent_runs,scale", timeout=240)
     assert results["machine"]["cpus"] == os.cpu_count()
     assert len(results["loadavg_before"]) == 3
     assert set(results["benchmarks"]) == {"concurrent_runs", "scale"}
@@ -102,16 +105,7 @@ def test_quick_streaming_benchmarks(tmp_path: Path) -> None:
 @pytest.mark.skipif(PG_URL is None, reason="needs LLDMON_TEST_DATABASE_URL (a PostgreSQL server)")
 def test_quick_history_and_importing_benchmarks(tmp_path: Path) -> None:
     out = tmp_path / "results"
-    argv = [sys.executable, "-m", "benchmarks.run_all", "--quick", "--only", "history,importing"]
-    proc = subprocess.run(
-        [*argv, "--out", str(out), "--pg-url", str(PG_URL)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    results = json.loads((out / "results.json").read_text())
+    results = run_quick(out, "history,importing", timeout=120)
     assert set(results["benchmarks"]) == {"history", "importing"}
 
     history = results["benchmarks"]["history"]["summary"]
