@@ -17,7 +17,7 @@ Action batch (POST /api/v1/runs/{run_id}/actions): `batch_id` plus the columns i
 from __future__ import annotations
 
 import math
-from typing import Final
+from typing import Any, Final
 
 API_PREFIX: Final = "/api/v1"
 
@@ -55,6 +55,22 @@ def encode_float(value: float) -> float | str:
     if math.isnan(value):
         return NAN
     return POS_INF if value > 0 else NEG_INF
+
+
+def encode_json(obj: Any) -> Any:
+    """Free-form JSON (config, evidence, error details) in strict form: every float through
+    `encode_float`, dict keys as strings, tuples as lists, numpy scalars and arrays as Python values."""
+    if isinstance(obj, float):
+        return encode_float(obj)
+    if isinstance(obj, dict):
+        return {str(k): encode_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [encode_json(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
+        return encode_json(obj.item())
+    if hasattr(obj, "tolist"):  # numpy arrays
+        return encode_json(obj.tolist())
+    return obj
 
 
 def decode_float(value: float | int | str) -> float:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-import math
 import os
 import queue
 import signal
@@ -49,7 +48,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from contracts import metrics as M
-from contracts.wire import API_PREFIX
+from contracts.wire import API_PREFIX, encode_float
 
 __all__ = ["DemoError", "DemoOptions", "examples_script", "run_demo"]
 
@@ -119,14 +118,6 @@ def _free_port(host: str) -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
-
-
-def _finite_or_string(value: float) -> float | str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "Infinity" if value > 0 else "-Infinity"
-    return value
 
 
 # --------------------------------------------------------------------------------------------------
@@ -332,7 +323,7 @@ class Replay:
                 for name, values in scenario.values.items():
                     present = scenario.present[name]
                     metrics[name] = [
-                        _finite_or_string(float(values[i])) if bool(present[i]) else None for i in rows
+                        encode_float(float(values[i])) if bool(present[i]) else None for i in rows
                     ]
                 body = {"batch_id": uuid.uuid4().hex, "steps": [steps[i] for i in rows], "metrics": metrics}
                 http.post(f"/runs/{self.run_id}/metrics", json=body).raise_for_status()

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from contracts import metrics as m
-from contracts.wire import encode_float
+from contracts.wire import encode_float, encode_json
 from monitor.domain import AlertInfo, DirectiveInfo, RunSummary
 
 KEY_METRICS: Final = (
@@ -45,7 +45,7 @@ def summary_json(s: RunSummary) -> dict[str, Any]:
         "phase": run.phase,
         "directive_policy": run.directive_policy,
         "tags": run.tags,
-        "config": _strict(run.config),
+        "config": encode_json(run.config),
         "created_at": _iso(run.created_at),
         "last_seen_at": _iso(run.last_seen_at),
         "finished_at": _iso(run.finished_at),
@@ -65,7 +65,7 @@ def summary_json(s: RunSummary) -> dict[str, Any]:
                 "step": e.step,
                 "previous_phase": e.previous_phase,
                 "created_at": _iso(e.created_at),
-                "evidence": _strict(e.evidence),
+                "evidence": encode_json(e.evidence),
             }
             for e in s.phases
         ],
@@ -196,17 +196,6 @@ def _directive_json(d: DirectiveInfo) -> dict[str, Any]:
         "step": d.step,
         "created_at": _iso(d.created_at),
     }
-
-
-def _strict(value: Any) -> Any:
-    """Free-form JSON (config, evidence) with non-finite floats as their wire strings."""
-    if isinstance(value, float):
-        return encode_float(value)
-    if isinstance(value, dict):
-        return {key: _strict(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_strict(item) for item in value]
-    return value
 
 
 def _n(count: int, noun: str) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -12,7 +11,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from contracts.wire import encode_float
+from contracts.wire import encode_json
 from monitor.errors import LLDMonError
 
 log = logging.getLogger("lldmon.api")
@@ -24,18 +23,8 @@ class ErrorResponse(JSONResponse):
 
     def render(self, content: Any) -> bytes:
         return json.dumps(
-            _finite(content), ensure_ascii=True, allow_nan=False, separators=(",", ":")
+            encode_json(content), ensure_ascii=True, allow_nan=False, separators=(",", ":")
         ).encode()
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return encode_float(value)
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(item) for item in value]
-    return value
 
 
 def install_error_handlers(app: FastAPI) -> None:

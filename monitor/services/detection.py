@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from contracts.metrics import CANONICAL_METRICS
-from contracts.wire import encode_float
+from contracts.wire import encode_json
 from monitor.alerting.rules import ActiveCondition, plan_alerts
 from monitor.alerting.sinks import Dispatcher, Notification
 from monitor.config import Settings
@@ -72,7 +72,7 @@ class DetectionService:
             ):
                 return event_store.current_directive(conn, run_id)
             result = update(SeriesWindow(steps=steps, values=values, present=present), state, config)
-            detection_store.save_state(conn, run_id, json_safe(result.state.to_dict()), result.state.phase)
+            detection_store.save_state(conn, run_id, encode_json(result.state.to_dict()), result.state.phase)
             for phase_change in result.phase_changes:
                 event_store.insert_phase_event(
                     conn,
@@ -80,7 +80,7 @@ class DetectionService:
                     phase_change.step,
                     phase_change.phase,
                     phase_change.previous_phase,
-                    json_safe(phase_change.evidence),
+                    encode_json(phase_change.evidence),
                 )
             last_step = int(steps[-1])
             now = datetime.now(timezone.utc)
@@ -89,7 +89,7 @@ class DetectionService:
             ongoing = {f.kind for f in result.findings}
             transient = [f for f in result.started if f.kind not in ongoing]
             active = [
-                ActiveCondition(f.kind, f.severity, f.step, f.message, json_safe(f.evidence))
+                ActiveCondition(f.kind, f.severity, f.step, f.message, encode_json(f.evidence))
                 for f in (*result.findings, *transient)
             ]
             plan = plan_alerts(
@@ -151,18 +151,3 @@ def _notification(
         message=c.message,
         evidence=c.evidence,
     )
-
-
-def json_safe(obj: Any) -> Any:
-    """Evidence as strict JSON (PostgreSQL's JSON rejects NaN): non-finite floats become strings."""
-    if isinstance(obj, float):
-        return encode_float(obj)
-    if isinstance(obj, dict):
-        return {str(k): json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
-        return json_safe(obj.item())
-    if hasattr(obj, "tolist"):
-        return json_safe(obj.tolist())
-    return obj

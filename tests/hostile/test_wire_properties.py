@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contracts.metrics import MAX_METRIC_NAME_LENGTH
-from contracts.wire import API_PREFIX, NONFINITE_STRINGS, decode_float, encode_float
+from contracts.wire import API_PREFIX, NONFINITE_STRINGS, decode_float, encode_float, encode_json
 from monitor.api.wire import decode_metrics
 from monitor.errors import InvalidInput
 from tests.monitor.api.helpers import history, new_run
@@ -55,6 +55,35 @@ def test_encode_decode_float_round_trip_and_strict_json(x: float) -> None:
     assert same(decode_float(wire), x)
     json.dumps(wire, allow_nan=False)  # never a bare NaN / Infinity token
     assert isinstance(wire, str) == (not math.isfinite(x))
+
+
+free_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(free_json)
+def test_encode_json_is_strict_and_keeps_every_float(value: Any) -> None:
+    """Config, evidence and error details: strict JSON, with each float recoverable by decode_float."""
+    wire = encode_json(value)
+    assert json.loads(json.dumps(wire, allow_nan=False)) == wire
+
+    def check(original: Any, encoded: Any) -> None:
+        if isinstance(original, float):
+            assert same(decode_float(encoded), original)
+        elif isinstance(original, dict):
+            assert list(encoded) == list(original)
+            for key in original:
+                check(original[key], encoded[key])
+        elif isinstance(original, list):
+            for a, b in zip(original, encoded, strict=True):
+                check(a, b)
+        else:
+            assert encoded == original
+
+    check(value, wire)
 
 
 @given(st.text().filter(lambda s: s not in NONFINITE_STRINGS))
