@@ -264,6 +264,19 @@ def build_tiny_tokenizer(corpus: Corpus, vocab_size: int = 2048) -> Any:
     The fixed parts of a `search` call and the answer tags are added tokens, so the model writes a
     call as: open token, query words, close token.
     """
+    return train_bpe_tokenizer(
+        tiny_texts(corpus),
+        vocab_size=vocab_size,
+        chat_template=CHAT_TEMPLATE,
+        added_tokens=[TOOL_CALL_OPEN, TOOL_CALL_CLOSE, ANSWER_OPEN, ANSWER_CLOSE],
+    )
+
+
+def train_bpe_tokenizer(
+    texts: Sequence[str], *, vocab_size: int, chat_template: str, added_tokens: Sequence[str]
+) -> Any:
+    """A byte-level BPE `PreTrainedTokenizerFast` trained in memory on `texts` (ChatML specials, TRL's
+    Qwen3 response schema, `added_tokens` appended in order). The tests build theirs with this too."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
     from trl.chat_template_utils import qwen3_template
@@ -277,15 +290,15 @@ def build_tiny_tokenizer(corpus: Corpus, vocab_size: int = 2048) -> Any:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(tiny_texts(corpus), trainer=trainer)
+    tok.train_from_iterator(texts, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=None,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        chat_template=CHAT_TEMPLATE,
+        chat_template=chat_template,
     )
-    fast.add_tokens([TOOL_CALL_OPEN, TOOL_CALL_CLOSE, ANSWER_OPEN, ANSWER_CLOSE])
+    fast.add_tokens(list(added_tokens))
     fast.response_template = qwen3_template
     return fast
 

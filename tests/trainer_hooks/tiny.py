@@ -30,8 +30,6 @@ ANSWER_TEXT = "<answer>paris</answer>"
 
 EXAMPLE_SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "search_r1_grpo.py"
 
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-
 CHAT_TEMPLATE = (
     "{%- if tools %}<|im_start|>system\ntools:"
     "{%- for tool in tools %} {{ tool.function.name if tool.function is defined else tool.name }}{%- endfor %}"
@@ -106,32 +104,10 @@ def build_tokenizer(vocab_size: int = 320, *, answer_token: bool = False) -> Any
     `answer_token=True` adds one more token spelling `ANSWER_TEXT` (after the tool-call token), for
     runs that need `<answer>...</answer>` spans in the completions (see `generation_kwargs`).
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-    from trl.chat_template_utils import qwen3_template
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+    added = [TOOL_CALL_TEXT, ANSWER_TEXT] if answer_token else [TOOL_CALL_TEXT]
+    return _example().train_bpe_tokenizer(
+        _CORPUS, vocab_size=vocab_size, chat_template=CHAT_TEMPLATE, added_tokens=added
     )
-    tok.train_from_iterator(_CORPUS, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token=None,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        chat_template=CHAT_TEMPLATE,
-    )
-    fast.add_tokens([TOOL_CALL_TEXT])
-    if answer_token:
-        fast.add_tokens([ANSWER_TEXT])
-    fast.response_template = qwen3_template
-    return fast
 
 
 def tool_call_token_id(tokenizer: Any) -> int:
