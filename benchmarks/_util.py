@@ -13,10 +13,14 @@ import sys
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import httpx
 import psycopg
 from sqlalchemy.engine import make_url
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self needs Python 3.11
 
 
 def command_line() -> str:
@@ -74,21 +78,41 @@ def lldmon_command() -> list[str]:
     return [sys.executable, "-c", "from monitor.cli import main; main()"]
 
 
-class LldmonServer:
-    """`lldmon serve <args> --port <free>` in a subprocess, ready (GET /readyz == 200) on enter."""
+class ServerProcess:
+    """A server command in a subprocess, its output in `log_path`, ready on enter (GET `health_path`
+    answers 200), stopped with SIGTERM then SIGKILL on exit. `own_process_group` starts it in a
+    session of its own and signals the whole group (servers that fork workers of their own)."""
 
-    def __init__(self, args: list[str], log_path: Path, ready_timeout: float = 60.0) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.args = [*lldmon_command(), "serve", *args, "--port", str(self.port)]
+    name = "server"
+    health_path = "/readyz"
+    poll_seconds = 0.1
+    stop_timeout = 10.0
+    own_process_group = False
+
+    def __init__(
+        self,
+        args: list[str],
+        port: int,
+        log_path: Path,
+        ready_timeout: float,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.args = args
         self.log_path = log_path
         self.ready_timeout = ready_timeout
+        self.env = os.environ.copy() if env is None else env
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> LldmonServer:
+    def __enter__(self) -> Self:
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
-                self.args, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy()
+                self.args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=self.own_process_group,
             )
         try:
             self._wait_ready()
@@ -107,25 +131,45 @@ class LldmonServer:
         deadline = time.monotonic() + self.ready_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"lldmon exited with {self.proc.returncode}:\n{self.log_tail()}")
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/readyz", timeout=2.0).status_code == 200:
+                if httpx.get(f"{self.url}{self.health_path}", timeout=2.0).status_code == 200:
                     return
-            time.sleep(0.1)
-        raise TimeoutError(f"lldmon not ready after {self.ready_timeout:.0f} s:\n{self.log_tail()}")
+            time.sleep(self.poll_seconds)
+        raise TimeoutError(f"{self.name} not ready after {self.ready_timeout:.0f} s:\n{self.log_tail()}")
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
-        self.proc.send_signal(signal.SIGTERM)
+        self._signal(signal.SIGTERM)
         try:
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=self.stop_timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self._signal(signal.SIGKILL)
             self.proc.wait()
+
+    def _signal(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            if self.own_process_group:
+                os.killpg(self.proc.pid, sig)
+            else:
+                self.proc.send_signal(sig)
 
     def log_tail(self, lines: int = 30) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+
+class LldmonServer(ServerProcess):
+    """`lldmon serve <args> --port <free>` in a subprocess."""
+
+    name = "lldmon"
+
+    def __init__(self, args: list[str], log_path: Path, ready_timeout: float = 60.0) -> None:
+        port = free_port()
+        super().__init__(
+            [*lldmon_command(), "serve", *args, "--port", str(port)], port, log_path, ready_timeout
+        )

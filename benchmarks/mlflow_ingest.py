@@ -11,13 +11,10 @@ per call (MLflow's limit), so one 5,000-row lldmon batch is five log-batch calls
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Protocol
 
 import httpx
@@ -57,14 +54,20 @@ def version(venv: Path) -> str:
     return out.stdout.strip().rsplit(" ", 1)[-1]  # "mlflow, version 3.17.2" -> "3.17.2"
 
 
-class MlflowServer:
-    """`mlflow server` on a PostgreSQL database (a libpq URL) in its own process group."""
+class MlflowServer(_util.ServerProcess):
+    """`mlflow server` on a PostgreSQL database (a libpq URL) in its own process group (SIGTERM and
+    SIGKILL reach its uvicorn worker too)."""
+
+    name = "mlflow server"
+    health_path = "/health"
+    poll_seconds = 0.5
+    stop_timeout = 15.0
+    own_process_group = True
 
     def __init__(self, venv: Path, db_url: str, workdir: Path, ready_timeout: float = 180.0) -> None:
-        self.port = _util.free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        port = _util.free_port()
         store = _util.libpq_conninfo(db_url)  # postgresql://user@host:port/db
-        self.args = [
+        args = [
             str(venv / "bin" / "mlflow"),
             "server",
             "--backend-store-uri",
@@ -74,61 +77,12 @@ class MlflowServer:
             "--host",
             "127.0.0.1",
             "--port",
-            str(self.port),
+            str(port),
             "--workers",
             "1",
         ]
-        self.log_path = workdir / "mlflow.log"
-        self.ready_timeout = ready_timeout
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> MlflowServer:
         env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                self.args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        try:
-            deadline = time.monotonic() + self.ready_timeout
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(
-                        f"mlflow server exited with {self.proc.returncode}:\n{self.log_tail()}"
-                    )
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
-                        return self
-                time.sleep(0.5)
-            raise TimeoutError(
-                f"mlflow server not ready after {self.ready_timeout:.0f} s:\n{self.log_tail()}"
-            )
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        """SIGTERM to the server's own process group (its uvicorn worker included), then SIGKILL."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        super().__init__(args, port, workdir / "mlflow.log", ready_timeout, env=env)
 
 
 class MlflowMode:
