@@ -117,11 +117,11 @@ def db_current(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> No
     engine.dispose()
 
 
-def _services(database_url: str | None, data_dir: Path | None) -> Any:
+def _services(database_url: str | None, data_dir: Path | None, **extra: Any) -> Any:
     from monitor.api.app import SchemaOutdated, build_state
 
     try:
-        return build_state(_settings(database_url, data_dir))
+        return build_state(_settings(database_url, data_dir, **extra))
     except SchemaOutdated as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
@@ -551,10 +551,10 @@ def import_logs(
         tags=tag or [],
         chunk_steps=chunk_steps,
         notify=notify,
-        database_url=database_url,
-        data_dir=data_dir,
     )
-    code = run_import(options, console)
+    # An old log should not page anyone: webhook and Slack sinks only with --notify.
+    quiet: dict[str, Any] = {} if notify else {"webhook_urls": [], "slack_webhook_urls": []}
+    code = run_import(options, console, lambda: _services(database_url, data_dir, **quiet))
     if code:
         raise typer.Exit(code)
 

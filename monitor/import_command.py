@@ -3,14 +3,15 @@ detector found.
 
 Parsing comes first and completely (with a bytes progress bar for large inputs); the database is only
 opened afterwards, so `--strict` on a malformed file, a missing file or an unknown format leave it
-untouched. Webhook and Slack sinks are off unless `notify` is set: an old log should not page anyone.
+untouched. The CLI opens the service state with webhook and Slack sinks off unless `--notify` is given: an
+old log should not page anyone.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,12 +54,11 @@ class ImportOptions:
     tags: Sequence[str] = ()
     chunk_steps: int | None = None
     notify: bool = False
-    database_url: str | None = None
-    data_dir: Path | None = None
 
 
-def run_import(options: ImportOptions, console: Console) -> int:
-    """The whole command; returns the exit code."""
+def run_import(options: ImportOptions, console: Console, open_state: Callable[[], Any]) -> int:
+    """The whole command; returns the exit code. `open_state` builds the service state (the CLI's own
+    settings and database handling); it is called only once the input has parsed."""
     from monitor.errors import LLDMonError
     from monitor.importers import LogImportError, MalformedLog, input_files, load_log, resolve_format
 
@@ -93,9 +93,7 @@ def run_import(options: ImportOptions, console: Console) -> int:
     if log.n_points == 0:
         return _fail(console, "no metric values found in the input: nothing to import", EXIT_USAGE)
 
-    state = _open_services(options, console)
-    if state is None:
-        return EXIT_USAGE
+    state = open_state()
     try:
         with _quiet_alert_log(not options.notify):
             return _write(options, log, fmt, len(files), state, console)
@@ -191,24 +189,6 @@ def _quiet_alert_log(quiet: bool) -> Iterator[None]:
         yield
     finally:
         logger.disabled = disabled
-
-
-def _open_services(options: ImportOptions, console: Console) -> Any:
-    from monitor.api.app import SchemaOutdated, build_state
-    from monitor.config import Settings
-
-    values: dict[str, Any] = {}
-    if options.database_url:
-        values["database_url"] = options.database_url
-    if options.data_dir:
-        values["data_dir"] = options.data_dir
-    if not options.notify:
-        values.update(webhook_urls=[], slack_webhook_urls=[])
-    try:
-        return build_state(Settings(**values))
-    except SchemaOutdated as exc:
-        _fail(console, str(exc), EXIT_USAGE)
-        return None
 
 
 def _fail(console: Console, message: str, code: int) -> int:

@@ -133,3 +133,25 @@ def test_real_resumed_searchr1_run(db_url: str) -> None:
     assert steps == list(range(1, 301))  # step 0 is the validation before training: no grad norm
     np.testing.assert_array_equal(grad[100:149], resumed.values[M.GRAD_NORM][:49])  # steps 101..149
     assert grad[119] == pytest.approx(0.195)  # step 120: the resume file's value (pre-resume: 0.554)
+
+
+def test_webhooks_are_paged_only_with_notify(tmp_path: Path, db_url: str) -> None:
+    """An old log must not page anyone: the configured webhook hears from an import only with --notify
+    (the dispatcher is closed, so its queue is drained, before the command returns)."""
+    from tests.monitor.alerting.test_sinks import Receiver
+
+    receiver = Receiver(failures=0)
+    env = {**WIDE, "LLDMON_WEBHOOK_URLS": f'["{receiver.url}"]'}
+    path = scenario_jsonl(tmp_path / "collapse.jsonl", collapse_scenario(3))
+    try:
+        base = ["import", str(path), "--project", "nq", "--database-url", db_url]
+        quiet = runner.invoke(app, [*base, "--run", "quiet"], env=env)
+        assert quiet.exit_code == 0, quiet.output
+        assert "critical lld_collapse" in quiet.output and receiver.attempts == 0
+        loud = runner.invoke(app, [*base, "--run", "loud", "--notify"], env=env)
+        assert loud.exit_code == 0, loud.output
+        kinds = {body["kind"] for body in receiver.bodies}
+        assert {"lld_collapse", "lld_decay"} <= kinds
+        assert {body["run_name"] for body in receiver.bodies} == {"loud"}
+    finally:
+        receiver.close()
