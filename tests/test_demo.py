@@ -133,3 +133,56 @@ def test_training_command(tmp_path: Path) -> None:
     assert full[full.index("--steps") + 1] == str(FULL_STEPS)
     custom = _training_command(script, DemoOptions(quick=True, steps=3, model="smollm2"), "u", "r", tmp_path)
     assert custom[custom.index("--steps") + 1] == "3" and custom[custom.index("--model") + 1] == "smollm2"
+
+
+def test_keep_serving_serves_after_the_run_until_ctrl_c(tmp_path: Path) -> None:
+    """`--no-train --keep-serving`: the replay lands, the dashboard keeps answering after the summary,
+    and Ctrl-C (SIGINT) stops the service cleanly with exit code 0."""
+    import signal
+    import time
+
+    import httpx
+
+    port = free_port()
+    exe = shutil.which("lldmon") or str(Path(sys.executable).parent / "lldmon")
+    env = {**os.environ, "COLUMNS": "200"}
+    env.pop("LLDMON_DATABASE_URL", None)
+    log = tmp_path / "demo.out"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [
+                exe,
+                "demo",
+                "--no-train",
+                "--keep-serving",
+                "--data-dir",
+                str(tmp_path / "data"),
+                "--port",
+                str(port),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and "until Ctrl-C" not in log.read_text():
+            assert proc.poll() is None, log.read_text()[-4000:]
+            time.sleep(0.5)
+        assert "until Ctrl-C" in log.read_text()  # the run is over: the summary is printed
+        time.sleep(2.0)
+        assert proc.poll() is None
+        runs = httpx.get(f"{url}/api/v1/runs", timeout=5).json()
+        events = httpx.get(f"{url}/api/v1/runs/{runs[0]['id']}/events", timeout=5).json()
+        assert "collapse" in [e["phase"] for e in events]
+        assert httpx.get(f"{url}/dashboard/", timeout=5).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    output = log.read_text()
+    assert proc.returncode == 0, output[-4000:]
+    assert "stopping" in output
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{url}/healthz", timeout=2)
