@@ -13,6 +13,13 @@ Populations (decisions where the contract is silent):
 - "pos" / "neg" responses are those with A > 0 / A < 0 **and at least one mask token**; responses
   with no mask token have no likelihood and get no gradient, so they are left out of every
   likelihood, ratio and advantage-mass metric. A NaN advantage is neither pos nor neg.
+- "correct" responses (only with `rewards` and `success_threshold`) are those with reward >=
+  `success_threshold` and at least one mask token; a NaN reward is not correct. Unlike "pos", this
+  population does not shrink when groups become all-correct (A = 0), so `lld/logp_correct` is the
+  curve of [LLD] Fig. 2 (lld-reference.md section 2).
+- The advantage mass ratio is per *token* ([CalibAdv]): every loss-mask token carries its advantage
+  ((B,) advantages are broadcast over the row, (B, T) ones are read per token), so responses weigh
+  by their length. Per response it would be identically 1 in GRPO.
 - Reward, response length, turns, valid searches, garbled share and zero-std groups are over all B
   responses (an empty response has length 0 and 0 actions, and is never garbled).
 - A metric whose population is empty is omitted from `StepMeasurement.metrics` (NaN is reserved for
@@ -33,7 +40,14 @@ from torch import Tensor
 from contracts import metrics as M
 from contracts.wire import ACTION_COLUMNS, ACTION_SOURCES
 
-__all__ = ["Source", "StepMeasurement", "empty_action_columns", "measure_step", "response_advantages"]
+__all__ = [
+    "Source",
+    "StepMeasurement",
+    "correct_rows",
+    "empty_action_columns",
+    "measure_step",
+    "response_advantages",
+]
 
 Source = Literal["loss", "probe"]
 
@@ -88,6 +102,14 @@ def response_advantages(advantages: Tensor, mask: Tensor) -> Tensor:
     return torch.where(count > 0, total / count.clamp(min=1).to(dtype), torch.zeros_like(total))
 
 
+def correct_rows(rewards: Tensor, threshold: float) -> Tensor:
+    """(B,) bool: reward >= `threshold` ("correct" in [LLD]); a NaN reward is not correct.
+
+    Says nothing about mask tokens: `measure_step` also requires at least one of them.
+    """
+    return rewards >= threshold  # NaN >= x is False
+
+
 # ----------------------------------------------------------------------------------------------
 # small tensor helpers (all return 0-d tensors; nothing syncs with the host)
 
@@ -135,7 +157,7 @@ def _zero_std_group_share(rewards: Tensor, groups: Tensor, n_groups: int) -> tup
 
 
 def _mass_ratio(adv: Tensor, pop: Tensor) -> tuple[Tensor, Tensor]:
-    """sum_{A>0} A / |sum_{A<0} A| over `pop` ([CalibAdv]); NaN advantages land in both sums.
+    """sum_{A>0} A / |sum_{A<0} A| over the elements of `pop` ([CalibAdv]); NaN advantages land in both sums.
 
     No negative mass: +inf if there is positive mass, NaN if both masses are 0 (no learning signal).
     """
@@ -169,6 +191,7 @@ def measure_step(
     valid_searches: Tensor | None = None,
     group_ids: Tensor | None = None,
     group_size: int | None = None,
+    success_threshold: float | None = None,
     eps: float = 0.0,
     clip_eps: float = 0.2,
     garbled_ppl: float = 50.0,
@@ -191,6 +214,9 @@ def measure_step(
         group_ids: (B,) optional GRPO group label (any integers); wins over `group_size`.
         group_size: optional; without `group_ids`, groups are consecutive blocks of this size
             (a trailing partial block is its own group).
+        success_threshold: with `rewards`, responses with reward >= this (and a mask token) form
+            the "correct" population: LOGP_CORRECT, DELTA_TRAJ_CORRECT and
+            FRAC_TRAJ_DECREASED_CORRECT, defined like their "pos" counterparts. None: not measured.
         eps: decrease threshold: an action/trajectory "decreased" when D < eps.
         clip_eps: an importance ratio is "low" when r < 1 - clip_eps.
         garbled_ppl: an action is garbled when exp(-mean old_logp over it) >= garbled_ppl
@@ -203,8 +229,9 @@ def measure_step(
 
     Returns:
         `StepMeasurement`. Metric values are Python floats (NaN/inf propagate from the data);
-        REWARD_STD is the population std (unbiased=False); ADV_POS_NEG_MASS_RATIO is +inf with
-        positive but no negative mass and NaN when both are 0. Records: `reward` is NaN when
+        REWARD_STD is the population std (unbiased=False); ADV_POS_NEG_MASS_RATIO is per loss-mask
+        token (ADV_POS_NEG_MASS_RATIO_ANSWER: over mask tokens with answer_mask != 0), +inf with
+        positive but no negative mass and NaN when both are 0 or an advantage is NaN. Records: `reward` is NaN when
         `rewards` is None; `is_answer` is True when an action shares a token with `answer_mask`.
 
     Tensors may live on any device; the others are moved to `old_logp`'s (a no-op when they are
@@ -249,6 +276,7 @@ def measure_step(
             answer_mask=_to(answer_mask, dev),
             valid_searches=_to(valid_searches, dev),
             groups=_group_index(batch, _to(group_ids, dev), group_size, dev) if rewards is not None else None,
+            success_threshold=success_threshold,
             eps=eps,
             clip_eps=clip_eps,
             garbled_ppl=garbled_ppl,
@@ -319,6 +347,7 @@ def _measure(
     answer_mask: Tensor | None,
     valid_searches: Tensor | None,
     groups: tuple[Tensor, int] | None,
+    success_threshold: float | None,
     eps: float,
     clip_eps: float,
     garbled_ppl: float,
@@ -346,19 +375,40 @@ def _measure(
     neg = nonempty & (adv < 0)
     pos_actions = pos[seg.act_row]
     everyone = torch.ones_like(nonempty)
+    correct = None
+    if rewards is not None and success_threshold is not None:
+        correct = nonempty & correct_rows(rewards, success_threshold)
+
+    def logp_level(rows: Tensor) -> tuple[Tensor, Tensor]:  # token-weighted mean old log-prob
+        n = torch.where(rows, r_len, torch.zeros_like(r_len)).sum()
+        return torch.where(rows, r_old, torch.zeros_like(r_old)).sum() / n.clamp(min=1.0), n
 
     vals: dict[str, tuple[Tensor, Tensor]] = {}
-    for name, rows in ((M.LOGP_POS, pos), (M.LOGP_NEG, neg)):
-        n = torch.where(rows, r_len, torch.zeros_like(r_len)).sum()
-        vals[name] = (torch.where(rows, r_old, torch.zeros_like(r_old)).sum() / n.clamp(min=1.0), n)
+    vals[M.LOGP_POS] = logp_level(pos)
+    vals[M.LOGP_NEG] = logp_level(neg)
     vals[M.DELTA_TRAJ_POS] = _masked_mean(r_delta, pos)
     vals[M.DELTA_TRAJ_NEG] = _masked_mean(r_delta, neg)
     vals[M.DELTA_ACTION_POS] = _masked_mean(a_delta, pos_actions)
     vals[M.FRAC_TRAJ_DECREASED_POS] = _nan_aware_share(r_delta < eps, r_delta, pos)
     vals[M.FRAC_ACTION_DECREASED_POS] = _nan_aware_share(a_delta < eps, a_delta, pos_actions)
+    if correct is not None:
+        vals[M.LOGP_CORRECT] = logp_level(correct)
+        vals[M.DELTA_TRAJ_CORRECT] = _masked_mean(r_delta, correct)
+        vals[M.FRAC_TRAJ_DECREASED_CORRECT] = _nan_aware_share(r_delta < eps, r_delta, correct)
     vals[M.RESPONSE_LENGTH_MEAN] = _masked_mean(r_len, everyone)
     vals[M.TURNS_MEAN] = _masked_mean(seg.n_act.to(torch.float64), everyone)
-    vals[M.ADV_POS_NEG_MASS_RATIO] = _mass_ratio(adv, nonempty)
+
+    # --- [CalibAdv] advantage mass per loss-mask token ---
+    if advantages.dim() == 1:  # broadcast over the row
+        tok_row = torch.div(seg.flat, max(mask.shape[1], 1), rounding_mode="floor")
+        tok_adv = adv[tok_row]
+    else:
+        tok_adv = _gather(advantages, seg, torch.float64)
+    vals[M.ADV_POS_NEG_MASS_RATIO] = _mass_ratio(tok_adv, torch.ones_like(tok_adv, dtype=torch.bool))
+    tok_answer = None
+    if answer_mask is not None:
+        tok_answer = answer_mask.reshape(-1)[seg.flat] != 0
+        vals[M.ADV_POS_NEG_MASS_RATIO_ANSWER] = _mass_ratio(tok_adv, tok_answer)
 
     # --- importance ratios r = exp(D) on the tokens of A>0 responses, reduced per action first ---
     ratio = torch.exp(delta)
@@ -406,8 +456,8 @@ def _measure(
     metric_out = {name: value for name, (value, n) in zip(names, host, strict=True) if n > 0}
 
     a_answer = None
-    if answer_mask is not None:
-        a_answer = _per_action((answer_mask.reshape(-1)[seg.flat] != 0).to(dtype), seg) > 0
+    if tok_answer is not None:
+        a_answer = _per_action(tok_answer.to(dtype), seg) > 0
     records = _action_records(
         seg=seg,
         a_delta=a_delta,

@@ -41,36 +41,38 @@ What MonitoredGRPOTrainer hooks in TRL 1.16 (`trl/trainer/grpo_trainer.py`), and
   and splits together with its own columns, and draws the probe subset.
 - A private `TrainerCallback.on_step_end` (after `optimizer.step()`, `global_step` already
   incremented): measures the queued micro-batches of the step (one `measure_step` call, or two if
-  the step mixes drifted and non-drifted micro-batches), runs the probe, and queues the results;
-  `on_log` sends them together with TRL's scalars at the same `state.global_step`.
+  the step mixes drifted and non-drifted micro-batches), runs the probe and the anchor re-scoring,
+  and queues the results; `_maybe_log_save_evaluate` sends them with TRL's scalars of the step.
 
 Steps: everything measured for optimizer step k (its micro-batches, its probe) is logged at step k,
 the value of `state.global_step` right after that update, i.e. the step TRL logs its own metrics at.
-With `logging_steps > 1` each optimizer step still gets its own lld values (TRL's are window means).
 
-In-loss deltas, drift and the probe (lld-reference.md section 2):
+Estimators (lld-reference.md section 2; one name each, `contracts.metrics`):
 
-- A micro-batch *drifts* when an optimizer step happened since its rollout batch was generated.
-  TRL only has old != current then, i.e. only if `steps_per_generation * num_iterations` does not
-  divide `gradient_accumulation_steps` (e.g. `steps_per_generation > gradient_accumulation_steps`
-  or `num_iterations > 1`). Non-drifted micro-batches have D == 0 by construction: they feed the
-  level metrics (`lld/logp_pos`, `lld/logp_neg`, advantage mass, garbled share, turns) but never
-  the delta metrics (`lld/delta_*`, `lld/frac_*_decreased_pos`, `ratio/pos_*`) or the
-  `source="loss"` action records: a structural 0 is not a measurement (and would read as "LLD").
-- Probe: every `probe_interval` optimizer steps, `probe_size` rows of the LAST rollout batch are
-  re-scored under `torch.no_grad` with the just-updated model (one forward, no backward) and
-  compared with their rollout-time log-probs (TRL's `old_per_token_logps`, or, when TRL has none,
-  the loss's own log-probs of those rows, captured before any update): exact post-update deltas,
-  sent as action records with `source="probe"`.
-- Naming decision for the probe's delta metrics: if the in-loss deltas are structurally zero
-  (`in_loss_deltas_structurally_zero`, TRL's default configuration) the probe is the only delta
-  source and uses the canonical names (`lld/delta_traj_pos`, ..., `ratio/pos_mean`, ...). Otherwise
-  the in-loss deltas own the canonical names and the probe's go to `lld/probe/delta_traj_pos`,
-  `lld/probe/frac_traj_decreased_pos`, `ratio/probe/pos_mean`, ... (`probe_metric_name`), so the two
-  estimators never overwrite each other. The probe never emits level metrics (the in-loss ones
-  cover the whole batch).
-- When the deltas are structurally zero and the probe is off, a warning is logged once per
-  trainer (logger `lldmon.trl`) when training starts: no `lld/delta_*` metric will ever arrive.
+- Exact delta (Def. 4.1), `lld/delta_*`, `lld/frac_*_decreased_*`, `lld/delta_traj_correct`: the
+  post-update probe. After every `probe_interval` optimizer steps (default: every step),
+  `probe_size` rows of the LAST rollout batch are re-scored under `torch.no_grad` with the
+  just-updated model (one forward, no backward) and compared with their rollout-time log-probs
+  (TRL's `old_per_token_logps`, or, when TRL has none, the loss's own log-probs of those rows,
+  captured before any update). Also sent as action records with `source="probe"`.
+- Cross-mini-batch drift, `lld/xmb/*`: a micro-batch *drifts* when an optimizer step happened since
+  its rollout batch was generated (only if `steps_per_generation * num_iterations` does not divide
+  `gradient_accumulation_steps`). Its in-loss deltas are a free proxy (rows scored after updates on
+  *other* rows), never published under the exact names; `ratio/pos_*` (the loss's importance
+  ratios) and `source="loss"` action records come from drifted micro-batches only. Non-drifted
+  micro-batches have D == 0 by construction: they feed only the level metrics.
+- Levels at rollout, `lld/logp_pos|neg|correct`: per-token log pi_old of each population.
+- Anchor set, `lld/anchor/*` (`trainer_hooks.anchors`): the first `anchor_size` correct responses
+  (reward >= `success_threshold`) are frozen, and re-scored every `anchor_interval` steps: [LLD]
+  Fig. 2's curve on a population that cannot shift. Single-process jobs only (for now).
+
+Per-step delivery: whatever `logging_steps` is, every optimizer step's measured metrics *and* TRL's
+own scalars (reward, entropy, grad norm, loss, clip ratios, tool counts: the new entries of
+`GRPOTrainer._metrics` of that step, averaged as TRL averages them) are sent at that step, from an
+override of `Trainer._maybe_log_save_evaluate` (which runs after the optimizer step and before TRL
+logs). TRL's own log events then only add keys that are not streamed per step (`train_runtime`,
+`eval_*`, ...), so a series never mixes per-step values with TRL's window means. The per-step loss
+is this process's (TRL's logged loss is a mean over processes).
 
 Metrics the in-loss measurement would duplicate from TRL's own log (reward mean/std, zero-std
 group share, entropy, response length: `trl_measure.TRL_PROVIDED_METRICS`) are taken from TRL only.
@@ -101,9 +103,11 @@ llds_gate              "action"          "action" (Eq. 4) | "response" (Eq. 10) 
 llds_answer_weight     1.0               beta of answer-span tokens (LLDS-MA, Eq. 5): a number >= 0
                                          or "ma" (beta = `ma_beta(V_s)` per rollout batch)
 llds_normalize         "loss_tokens"     "loss_tokens" (authors' code) | "preserving_tokens" (paper)
+llds_ma_schedule       "paper"           beta of "ma": "paper" min(V_s/2, 1) | "code" (authors' code)
 answer_pattern         <answer>.*?</answer>  regex (re.DOTALL); its FINAL match is the answer span
 sapo_weight            0.0               w of SAPO's term (0 = off), independent of `llds`
 sapo_threshold         None              its ratio threshold t; required when sapo_weight > 0
+sapo_normalize         "preserving_tokens"  SAPO's own normalisation (the reported form)
 =====================  ================  ========================================================
 
 - llds="on": the term is added at every training micro-batch with `llds_lambda`.
@@ -115,9 +119,13 @@ sapo_threshold         None              its ratio threshold t; required when sa
   several processes the main process reads it and broadcasts it (a 4-float tensor per step), so
   all ranks add the same term.
 - The term uses the log-probs the loss itself computed (captured with their graph in the
-  `_get_per_token_logps_and_entropies` wrapper, no second forward pass), TRL's
-  `old_per_token_logps` (absent on-policy: old = current, the term is 0, as in TRL), the loss mask
-  `completion_mask * tool_mask` and TRL's advantages. Gates and selections carry no gradient.
+  `_get_per_token_logps_and_entropies` wrapper, no second forward pass), the loss mask
+  `completion_mask * tool_mask` and TRL's advantages. "old" is TRL's `old_per_token_logps` only on
+  micro-batches that drifted (an optimizer step since their rollout); otherwise it is the loss's own
+  log-probs detached, so the term is exactly 0 there. That matters with vLLM's importance-sampling
+  correction, where TRL computes `old_per_token_logps` in a separate forward even on-policy: its
+  recompute noise would otherwise open LLDS gates on ~half the actions with no displacement at all.
+  Gates and selections carry no gradient.
 - Scaling (`trl_llds.term_scale`): TRL 1.16 scales its loss for gradient accumulation inside
   `_compute_loss` (`loss_is_scaled_for_ga`), per loss type, and the term is scaled the same way,
   so its effective weight per optimizer step is lambda whatever the micro-batch split:
@@ -153,7 +161,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import numbers
+import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -166,7 +174,10 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.grpo_trainer import GRPOTrainer
 
 from contracts import metrics as M
+from contracts.directive import DEFAULT_LLDS_LAMBDA
 from contracts.metrics import MAX_METRIC_NAME_LENGTH
+from contracts.trainer_keys import TRL_TO_CANONICAL as _TRL_TO_CANONICAL
+from contracts.trainer_keys import canonical_trl
 from trainer_hooks._warn import WarnOnce
 from trainer_hooks.regularizers import LLDSStats, SAPOStats, llds_loss, sapo_kl_loss
 from trainer_hooks.trl_llds import (
@@ -187,6 +198,7 @@ from trainer_hooks.trl_measure import (
     StepResult,
     in_loss_deltas_structurally_zero,
 )
+from trainer_hooks.anchors import AnchorSet
 
 __all__ = [
     "TRL_TO_CANONICAL",
@@ -227,67 +239,23 @@ if TYPE_CHECKING:
         return client
 
 
-TRL_TO_CANONICAL: Final[Mapping[str, str]] = {
-    # rollouts (GRPOTrainer._generate_and_score_completions)
-    "reward": M.REWARD_MEAN,  # nanmean of the weighted reward sum over all processes
-    "reward_std": M.REWARD_STD,
-    "frac_reward_zero_std": M.ADV_FRAC_ZERO_STD_GROUPS,  # share of groups whose rewards are all equal
-    "completions/mean_length": M.RESPONSE_LENGTH_MEAN,  # counts model tokens only (tool_mask == 1)
-    "completions/clipped_ratio": M.RESPONSE_CLIP_RATIO,  # share of completions cut at max length
-    # loss (GRPOTrainer._compute_loss)
-    "entropy": M.ENTROPY_MEAN,  # mean over loss-mask tokens
-    "kl": M.KL,  # only with beta != 0
-    "clip_ratio/region_mean": M.CLIP_FRAC,  # grpo/bnpo/dr_grpo/dapo/luspo: share of clipped tokens
-    "cispo_clip_ratio": M.CLIP_FRAC,  # cispo's counterpart (never logged together with the above)
-    # optimisation (transformers.Trainer._maybe_log_save_evaluate)
-    "loss": M.LOSS,
-    "grad_norm": M.GRAD_NORM,  # total norm before clipping
-}
-"""TRL GRPOTrainer log key -> canonical metric name (lld-reference.md section 6); the one table.
-
-Every other scalar (learning_rate, epoch, clip_ratio/low_mean, rewards/<func>/mean, tools/*,
-eval_* keys, train_runtime, ...) passes through under its own name. One metric is derived:
-`search/valid_per_traj` = `tools/call_frequency` * (1 - `tools/failure_frequency`), the mean number
-of tool calls per trajectory that did not fail (TRL logs calls per trajectory and failures per call).
+TRL_TO_CANONICAL: Final[Mapping[str, str]] = _TRL_TO_CANONICAL
+"""TRL GRPOTrainer log key -> canonical metric name: `contracts.trainer_keys.TRL_TO_CANONICAL` (the one
+table, with its precedence rule), re-exported. Every other scalar (learning_rate, epoch,
+clip_ratio/low_mean, rewards/<func>/mean, tools/*, eval_* keys, train_runtime, ...) passes through under
+its own name. One metric is derived: `search/valid_per_traj` = `tools/call_frequency` *
+(1 - `tools/failure_frequency`), the mean number of tool calls per trajectory that did not fail.
 """
-
-
-def _as_float(value: object) -> float | None:
-    """A real scalar as float (bool, int, float, numpy scalar, 0-d tensor); None for anything else."""
-    if isinstance(value, numbers.Real):
-        return float(value)
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
-        return float(value.item())
-    item = getattr(value, "item", None)
-    if callable(item) and getattr(value, "shape", None) == ():
-        try:
-            out = item()
-        except (TypeError, ValueError):
-            return None
-        return float(out) if isinstance(out, numbers.Real) else None
-    return None
-
 
 def map_trl_logs(logs: Mapping[str, object]) -> dict[str, float]:
     """Canonical-name metrics from one TRL/transformers `logs` dict.
 
-    Keys in `TRL_TO_CANONICAL` are renamed, other scalar keys pass through unchanged; non-scalars
-    (None, strings, lists) and names longer than `MAX_METRIC_NAME_LENGTH` are dropped. NaN and inf
-    are kept (they are collapse signals). Adds the derived `search/valid_per_traj`.
+    `contracts.trainer_keys.canonical_trl` (the importers use it too): keys in `TRL_TO_CANONICAL`
+    are renamed, other scalar keys pass through unchanged, `search/valid_per_traj` is derived;
+    non-scalars (None, strings, lists) and names longer than `MAX_METRIC_NAME_LENGTH` are dropped.
+    NaN and inf are kept (they are collapse signals).
     """
-    out: dict[str, float] = {}
-    for key, raw in logs.items():
-        value = _as_float(raw)
-        if value is None or not key:
-            continue
-        name = TRL_TO_CANONICAL.get(key, key)
-        if len(name) > MAX_METRIC_NAME_LENGTH:
-            continue
-        out[name] = value
-    calls, failures = out.get("tools/call_frequency"), out.get("tools/failure_frequency")
-    if calls is not None and failures is not None:
-        out[M.SEARCH_VALID_PER_TRAJ] = calls * (1.0 - failures)
-    return out
+    return {k: v for k, v in canonical_trl(logs).items() if len(k) <= MAX_METRIC_NAME_LENGTH}
 
 
 class _Guard:
@@ -326,20 +294,30 @@ class LLDMonitorCallback(TrainerCallback):
         self._send_guard = _Guard("sending metrics to the lldmon sink")
 
     # Extra data to send with a log event; MonitoredGRPOTrainer's callback overrides these.
+    def _log_keys_sent_per_step(self) -> set[str]:
+        """TRL log keys already sent at every optimizer step (dropped from TRL's window logs)."""
+        return set()
+
     def _pending_metrics(self, step: int, final: bool) -> dict[int, dict[str, float]]:
         return {}
 
     def _pending_actions(self, step: int, final: bool) -> list[tuple[int, dict[str, list[Any]]]]:
         return []
 
-    def _send(self, step: int, logs: Mapping[str, object] | None, final: bool) -> None:
+    def _send(
+        self, step: int, logs: Mapping[str, object] | None, final: bool, *, per_step: bool = False
+    ) -> None:
+        """Send `logs` (TRL keys) and the pending measured data at `step`; TRL's window logs lose the
+        keys already sent per step (`per_step=True` marks such a per-step send)."""
         if not self._send_guard.enabled:
             return
         with self._send_guard():
             by_step = self._pending_metrics(step, final)
             current = by_step.pop(step, {})
             if logs is not None:
-                current.update(map_trl_logs(logs))  # TRL's names never collide with the measured ones
+                streamed = set() if per_step else self._log_keys_sent_per_step()
+                window = {k: v for k, v in logs.items() if k not in streamed} if streamed else logs
+                current.update(map_trl_logs(window))  # TRL's names never collide with the measured ones
             for s in sorted(by_step):
                 if by_step[s]:
                     self.sink.log(s, by_step[s])
@@ -388,6 +366,9 @@ class _MonitoredCallback(LLDMonitorCallback):
     ) -> None:
         self._trainer._lldmon_step_end(state.global_step)
 
+    def _log_keys_sent_per_step(self) -> set[str]:
+        return self._trainer._lldmon_step_keys
+
     def _pending_metrics(self, step: int, final: bool) -> dict[int, dict[str, float]]:
         return self._trainer._lldmon_drain_metrics(step, final)
 
@@ -434,6 +415,38 @@ _MULTIMODAL_KEYS: Final = (
 )
 
 
+class _FromEnv:
+    """Sentinel default of `lldmon_sink`: build the sink from the environment (`LLDMON_URL`, ...)."""
+
+    def __repr__(self) -> str:
+        return "<from environment>"
+
+
+_FROM_ENV: Final = _FromEnv()
+
+
+def _sink_from_env(args: Any) -> MetricSink | None:
+    """`MonitorClient.from_env()` named after `args.run_name` with `args.to_dict()` as its config, or
+    None (logged once) when `LLDMON_URL` is not set."""
+    from trainer_hooks.client import MonitorClient
+
+    if not os.environ.get("LLDMON_URL"):
+        logger.info(
+            "lldmon: no lldmon_sink and LLDMON_URL is not set: monitoring is off (set LLDMON_URL, or pass "
+            "lldmon_sink=MonitorClient(...))"
+        )
+        return None
+    run_name = getattr(args, "run_name", None)
+    config: dict[str, Any] | None = None
+    to_dict = getattr(args, "to_dict", None)
+    if callable(to_dict):
+        try:
+            config = to_dict()
+        except Exception:  # a config that cannot be serialised must not stop training
+            config = None
+    return MonitorClient.from_env(run=run_name or None, config=config)
+
+
 def _has_directive(sink: object) -> bool:
     """Whether `sink` offers a `directive` (duck-typed; a failing property counts as none)."""
     if sink is None:
@@ -454,9 +467,13 @@ class MonitoredGRPOTrainer(GRPOTrainer):
             `MetricSink`); None switches all monitoring off (plain GRPOTrainer, no overhead).
         probe_size: rows of the last rollout batch re-scored after an update (0: probe off).
         probe_interval: probe every this many optimizer steps (0: probe off). The default (8 rows
-            every 5 steps) is one no-grad forward over 8 sequences per 5 optimizer steps, each of
-            which trains (forward + backward) on every sequence of its batch; LLD phases span tens
-            of steps ([LLD] Fig. 2). `benchmarks/hooks.py` measures the cost.
+            every step) is one no-grad forward over 8 sequences per optimizer step, which itself
+            generates, scores and trains on its whole batch; `benchmarks/hooks.py` measures the cost.
+        success_threshold: a response is "correct" when its reward (weighted sum over reward
+            functions, as TRL logs it) is >= this; None switches the `correct` metrics and the
+            anchor set off.
+        anchor_size: K, correct responses frozen into the anchor set (0: off).
+        anchor_interval: N, re-score the anchor set every N optimizer steps (0: off).
         max_action_records: cap on action records per step and source (uniform subsample).
         lld_eps: decrease threshold: an action/trajectory counts as decreased when D < lld_eps.
         probe_seed: seed of the probe's row sampling (its own CPU generator; TRL's RNG is untouched).
@@ -468,10 +485,17 @@ class MonitoredGRPOTrainer(GRPOTrainer):
         llds_answer_weight: weight beta of answer-span tokens (LLDS-MA, Eq. 5): a number >= 0, or
             "ma" for beta = `ma_beta(V_s)` of each rollout batch's valid searches per trajectory.
         llds_normalize: "loss_tokens" (authors' code, default) | "preserving_tokens" (paper).
+        llds_ma_schedule: beta schedule of llds_answer_weight="ma": "paper" | "code".
         answer_pattern: regex (str, compiled with re.DOTALL, or a compiled pattern) whose FINAL
             match in the decoded completion is the answer span.
         sapo_weight: weight w of SAPO's term (`regularizers.sapo_kl_loss`); 0 = off.
         sapo_threshold: its ratio threshold t (required when sapo_weight > 0; unpublished).
+        sapo_normalize: SAPO's normalisation, "preserving_tokens" (default, the reported form) |
+            "loss_tokens".
+
+    Without `lldmon_sink`, the sink is `MonitorClient.from_env()` when `LLDMON_URL` is set (run name
+    from `args.run_name`, config from `args.to_dict()`), else monitoring is off (logged once);
+    `lldmon_sink=None` switches it off silently.
 
     Raises:
         ValueError: invalid probe or LLDS/SAPO arguments (the message names the argument), before
@@ -485,34 +509,52 @@ class MonitoredGRPOTrainer(GRPOTrainer):
     def __init__(
         self,
         *args: Any,
-        lldmon_sink: MetricSink | None = None,
+        lldmon_sink: MetricSink | None | _FromEnv = _FROM_ENV,
         probe_size: int = 8,
-        probe_interval: int = 5,
+        probe_interval: int = 1,
         max_action_records: int = 256,
         lld_eps: float = 0.0,
         probe_seed: int = 0,
+        success_threshold: float | None = M.DEFAULT_SUCCESS_THRESHOLD,
+        anchor_size: int = M.DEFAULT_ANCHOR_SIZE,
+        anchor_interval: int = M.DEFAULT_ANCHOR_INTERVAL,
         flush_timeout: float = 30.0,
         llds: str | None = None,
-        llds_lambda: float = 0.2,
+        llds_lambda: float = DEFAULT_LLDS_LAMBDA,
         llds_gate: str = "action",
         llds_answer_weight: float | str = 1.0,
         llds_normalize: str = "loss_tokens",
+        llds_ma_schedule: str = "paper",
         answer_pattern: str | re.Pattern[str] = DEFAULT_ANSWER_PATTERN,
         sapo_weight: float = 0.0,
         sapo_threshold: float | None = None,
+        sapo_normalize: str = "preserving_tokens",
         **kwargs: Any,
     ) -> None:
-        if probe_size < 0 or probe_interval < 0 or max_action_records < 0:
-            raise ValueError("probe_size, probe_interval and max_action_records must be >= 0")
+        for name, value in (
+            ("probe_size", probe_size),
+            ("probe_interval", probe_interval),
+            ("max_action_records", max_action_records),
+            ("anchor_size", anchor_size),
+            ("anchor_interval", anchor_interval),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if success_threshold is not None and not math.isfinite(float(success_threshold)):
+            raise ValueError(f"success_threshold must be a finite number or None, got {success_threshold!r}")
+        if isinstance(lldmon_sink, _FromEnv):
+            lldmon_sink = _sink_from_env(kwargs.get("args"))
         llds_settings = RegularizerSettings.build(
             llds=llds,
             llds_lambda=llds_lambda,
             llds_gate=llds_gate,
             llds_answer_weight=llds_answer_weight,
             llds_normalize=llds_normalize,
+            llds_ma_schedule=llds_ma_schedule,
             answer_pattern=answer_pattern,
             sapo_weight=sapo_weight,
             sapo_threshold=sapo_threshold,
+            sapo_normalize=sapo_normalize,
             sink_has_directive=_has_directive(lldmon_sink),
         )
         super().__init__(*args, **kwargs)
@@ -521,15 +563,43 @@ class MonitoredGRPOTrainer(GRPOTrainer):
         self.lldmon_probe_interval = probe_interval
         self.lldmon_max_action_records = max_action_records
         self.lldmon_eps = lld_eps
+        self.lldmon_success_threshold = success_threshold
         self._lldmon_measure_guard = _Guard("lldmon likelihood measurement")
         self._lldmon_probe_guard = _Guard("lldmon post-update probe")
+        self._lldmon_anchor_guard = _Guard("lldmon anchor set")
+        self._lldmon_scalar_guard = _Guard("lldmon per-step TRL scalars")
         self._lldmon_warned_zero = False
         self._lldmon_acc = StepAccumulator(
-            eps=lld_eps, clip_eps=float(self.epsilon_low), max_action_records=max_action_records
+            eps=lld_eps,
+            clip_eps=float(self.epsilon_low),
+            max_action_records=max_action_records,
+            success_threshold=success_threshold,
         )
+        self.lldmon_anchor_interval = anchor_interval
+        self.lldmon_anchors: AnchorSet | None = None
+        if (
+            lldmon_sink is not None
+            and success_threshold is not None
+            and anchor_size > 0
+            and anchor_interval > 0
+        ):
+            if int(self.accelerator.num_processes) == 1:
+                self.lldmon_anchors = AnchorSet(
+                    capacity=anchor_size, success_threshold=float(success_threshold), eps=lld_eps
+                )
+            else:
+                logger.warning(
+                    "lldmon: the anchor set (lld/anchor/*) is single-process only for now; it is off in "
+                    "this %d-process job",
+                    int(self.accelerator.num_processes),
+                )
+        self._lldmon_metric_counts: dict[str, int] = {}
+        self._lldmon_step_keys: set[str] = set()
+        self._lldmon_loss_seen = 0.0
+        self._lldmon_last_step_sent = -1
         self._lldmon_capture: list[Tensor] | None = None
         self._lldmon_rewards_per_func: Tensor | None = None
-        self._lldmon_rollout_version = -1
+        self._lldmon_rollout_version = -1  # global_step when the current rollout batch was generated
         self._lldmon_rollouts = 0
         self._lldmon_probe: ProbeBatch | None = None
         self._lldmon_probe_gen = torch.Generator(device="cpu").manual_seed(probe_seed)
@@ -586,28 +656,25 @@ class MonitoredGRPOTrainer(GRPOTrainer):
 
     def _lldmon_check_config(self) -> None:
         args: Any = self.args
-        if (
-            self.lldmon_sink is not None
-            and self.lldmon_in_loss_deltas_zero
-            and not self.lldmon_probe_enabled
-            and not self._lldmon_warned_zero
-        ):
+        if self.lldmon_sink is not None and not self.lldmon_probe_enabled and not self._lldmon_warned_zero:
             self._lldmon_warned_zero = True
             logger.warning(
-                "lldmon: in-loss likelihood deltas are structurally zero with gradient_accumulation_steps=%d, "
-                "steps_per_generation=%d, num_iterations=%d (TRL uses old == current log-probs), and the "
-                "post-update probe is off (probe_size=%d, probe_interval=%d): no lld/delta_* metric will be "
-                "reported. Set probe_size and probe_interval > 0, or steps_per_generation > "
-                "gradient_accumulation_steps, or num_iterations > 1.",
-                args.gradient_accumulation_steps,
-                args.steps_per_generation,
-                self.num_iterations,
+                "lldmon: the post-update probe is off (probe_size=%d, probe_interval=%d): no exact "
+                "lld/delta_* metric (Def. 4.1) will be reported%s. Set probe_size and probe_interval > 0.",
                 self.lldmon_probe_size,
                 self.lldmon_probe_interval,
+                ""
+                if self.lldmon_in_loss_deltas_zero
+                else " (only the cross-mini-batch proxy lld/xmb/*)",
             )
+        del args
 
     def _lldmon_is_main(self) -> bool:
         return bool(self.accelerator.is_main_process)
+
+    def _lldmon_drifted(self) -> bool:
+        """Whether an optimizer step happened since the current rollout batch was generated."""
+        return int(self.state.global_step) > self._lldmon_rollout_version
 
     def _lldmon_training(self) -> bool:
         model: Any = self.model
@@ -629,6 +696,7 @@ class MonitoredGRPOTrainer(GRPOTrainer):
         rewards_per_func, self._lldmon_rewards_per_func = self._lldmon_rewards_per_func, None
         if not self._lldmon_training():
             return output
+        self._lldmon_rollout_version = int(self.state.global_step)
         if self.llds_settings.needs_answer_mask and self._llds_guard.enabled:
             with self._llds_guard():
                 self._llds_tag_rollout(output, tool_metrics_before)
@@ -651,14 +719,31 @@ class MonitoredGRPOTrainer(GRPOTrainer):
         rewards = self._lldmon_local_rewards(rewards_per_func, batch, rank)
         if rewards is not None:
             output["lldmon_rewards"] = rewards
-        self._lldmon_rollout_version = int(self.state.global_step)
+        mask = output["completion_mask"]
+        if "tool_mask" in output:
+            mask = mask * output["tool_mask"]
+        anchors = self.lldmon_anchors
+        if (
+            anchors is not None
+            and rewards is not None
+            and not anchors.full
+            and self._lldmon_anchor_guard.enabled
+            and not any(key in output for key in _MULTIMODAL_KEYS)
+        ):
+            with self._lldmon_anchor_guard():
+                anchors.offer(
+                    prompt_ids=output["prompt_ids"],
+                    prompt_mask=output["prompt_mask"],
+                    completion_ids=completion_ids,
+                    completion_mask=output["completion_mask"],
+                    loss_mask=mask,
+                    rewards=rewards,
+                    step=int(self.state.global_step),
+                )
 
         self._lldmon_probe = None
         if self.lldmon_probe_enabled and not any(key in output for key in _MULTIMODAL_KEYS):
             with self._lldmon_probe_guard():
-                mask = output["completion_mask"]
-                if "tool_mask" in output:
-                    mask = mask * output["tool_mask"]
                 self._lldmon_probe = ProbeBatch.select(
                     prompt_ids=output["prompt_ids"],
                     prompt_mask=output["prompt_mask"],
@@ -737,7 +822,7 @@ class MonitoredGRPOTrainer(GRPOTrainer):
         mask = inputs["completion_mask"]
         if "tool_mask" in inputs:
             mask = mask * inputs["tool_mask"]
-        drift = old_in is not None and int(self.state.global_step) > self._lldmon_rollout_version
+        drift = old_in is not None and self._lldmon_drifted()
         new_copy = new.clone()
         self._lldmon_acc.add(
             MicroBatch(
@@ -750,6 +835,63 @@ class MonitoredGRPOTrainer(GRPOTrainer):
                 drift=drift,
             )
         )
+
+    # ------------------------------------------------------------------------------------------
+    # per-step delivery of TRL's scalars (see "Per-step delivery" in the module docstring)
+
+    def _maybe_log_save_evaluate(self, tr_loss: Any, grad_norm: Any, *args: Any, **kwargs: Any) -> None:
+        callback = self._lldmon_callback
+        step = int(self.state.global_step)
+        if (
+            callback is not None
+            and self._lldmon_is_main()
+            and self._lldmon_scalar_guard.enabled
+            and step != self._lldmon_last_step_sent  # transformers calls this again at an epoch's end
+        ):
+            self._lldmon_last_step_sent = step
+            with self._lldmon_scalar_guard():
+                logs = self._lldmon_step_scalars(tr_loss, grad_norm, kwargs.get("learning_rate"))
+                callback._send(step, logs, final=False, per_step=True)
+        super()._maybe_log_save_evaluate(tr_loss, grad_norm, *args, **kwargs)  # type: ignore[no-untyped-call]
+        if callback is not None and self._lldmon_scalar_guard.enabled:
+            with self._lldmon_scalar_guard():
+                self._lldmon_loss_seen = float(tr_loss.item()) if isinstance(tr_loss, Tensor) else 0.0
+                self._lldmon_snapshot_metric_counts()
+
+    def _lldmon_snapshot_metric_counts(self) -> None:
+        metrics: Any = self._metrics["train"]
+        self._lldmon_metric_counts = {key: len(values) for key, values in metrics.items()}
+
+    def _lldmon_step_scalars(self, tr_loss: Any, grad_norm: Any, learning_rate: Any) -> dict[str, object]:
+        """TRL's scalars of the optimizer step that just ended, under TRL's own log keys.
+
+        `GRPOTrainer._metrics["train"]` entries appended since the last step, averaged as TRL's
+        `log` averages them (NaN entries skipped; all NaN -> NaN), plus the step's loss (the growth
+        of transformers' running `tr_loss`), grad norm, learning rate and epoch.
+        """
+        logs: dict[str, object] = {}
+        metrics: Any = self._metrics["train"]
+        for key, values in metrics.items():
+            new = values[self._lldmon_metric_counts.get(key, 0) :]
+            if not new:
+                continue
+            valid = [float(v) for v in new if not math.isnan(float(v))]
+            logs[key] = sum(valid) / len(valid) if valid else math.nan
+        if isinstance(tr_loss, Tensor):
+            logs["loss"] = float(tr_loss.item()) - self._lldmon_loss_seen
+        if grad_norm is not None:
+            logs["grad_norm"] = grad_norm
+        if learning_rate is not None:
+            logs["learning_rate"] = learning_rate
+        if self.state.epoch is not None:
+            logs["epoch"] = self.state.epoch
+        self._lldmon_step_keys.update(logs)
+        return logs
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        super().log(logs, start_time)
+        if self._lldmon_callback is not None:
+            self._lldmon_snapshot_metric_counts()  # TRL cleared what it averaged
 
     # ------------------------------------------------------------------------------------------
     # after the optimizer step (private callback, on every process)
@@ -768,26 +910,47 @@ class MonitoredGRPOTrainer(GRPOTrainer):
         ):
             with self._lldmon_probe_guard():
                 self._lldmon_run_probe(step, self._lldmon_probe)
+        anchors = self.lldmon_anchors
+        if (
+            anchors is not None
+            and len(anchors) > 0
+            and step % self.lldmon_anchor_interval == 0
+            and self._lldmon_anchor_guard.enabled
+        ):
+            with self._lldmon_anchor_guard():
+                self._lldmon_score_anchors(step, anchors)
 
-    def _lldmon_run_probe(self, step: int, probe: ProbeBatch) -> None:
+    def _lldmon_score(self, input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int) -> Tensor:
+        """Per-token log-probs of the last `logits_to_keep` tokens under the current model (no grad)."""
         model: Any = self.model
         args: Any = self.args
         with torch.no_grad(), disable_gradient_checkpointing(model, args.gradient_checkpointing_kwargs):
             new, _, _ = super()._get_per_token_logps_and_entropies(
                 model,
-                probe.input_ids,
-                probe.attention_mask,
-                probe.logits_to_keep,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
                 batch_size=self.args.per_device_train_batch_size,
             )
+        return new.float()
+
+    def _lldmon_score_anchors(self, step: int, anchors: AnchorSet) -> None:
+        batch = anchors.batch(self.accelerator.device)
+        new = self._lldmon_score(batch.input_ids, batch.attention_mask, batch.logits_to_keep)
+        metrics = anchors.measure(new, step)
+        if metrics:
+            self._lldmon_metrics.setdefault(step, {}).update(metrics)
+
+    def _lldmon_run_probe(self, step: int, probe: ProbeBatch) -> None:
+        new = self._lldmon_score(probe.input_ids, probe.attention_mask, probe.logits_to_keep)
         if self._lldmon_is_main():
             result = probe.measure(
-                new.float(),
+                new,
                 step=step,
-                canonical_names=self.lldmon_in_loss_deltas_zero,
                 eps=self.lldmon_eps,
                 clip_eps=float(self.epsilon_low),
                 max_action_records=self.lldmon_max_action_records,
+                success_threshold=self.lldmon_success_threshold,
             )
             self._lldmon_queue(step, result)
 
@@ -901,6 +1064,7 @@ class MonitoredGRPOTrainer(GRPOTrainer):
                 self._llds_new_tool_metric("tools/call_frequency", tool_metrics_before[0]),
                 self._llds_new_tool_metric("tools/failure_frequency", tool_metrics_before[1]),
                 mask,
+                schedule=settings.ma_schedule,
             )
         if self._llds_beta != 1.0:
             output[_ANSWER_MASK_KEY] = answer_token_mask(
@@ -920,7 +1084,9 @@ class MonitoredGRPOTrainer(GRPOTrainer):
         if "tool_mask" in inputs:
             mask = mask * inputs["tool_mask"]
         old: Tensor | None = inputs.get("old_per_token_logps")
-        if old is None:  # TRL's on-policy shortcut: old == current (the term is 0, still attached)
+        if old is None or not self._lldmon_drifted():
+            # No optimizer step since the rollout: no displacement, whatever a recomputed
+            # old_per_token_logps (vLLM importance-sampling correction) says. Term = 0, still attached.
             old = logp.detach()
         advantages: Tensor = inputs["advantages"]
         terms: list[Tensor] = []
@@ -938,27 +1104,37 @@ class MonitoredGRPOTrainer(GRPOTrainer):
                 answer_weight=self._llds_beta if answer_mask is not None else 1.0,
                 normalize=settings.normalize,
             )
-            terms.append(switch.lam * llds_part[0])
         if settings.sapo_weight > 0 and settings.sapo_threshold is not None:
             sapo_part = sapo_kl_loss(
-                logp, old, mask, advantages, threshold=settings.sapo_threshold, normalize=settings.normalize
+                logp,
+                old,
+                mask,
+                advantages,
+                threshold=settings.sapo_threshold,
+                normalize=settings.sapo_normalize,
             )
-            terms.append(settings.sapo_weight * sapo_part[0])
-        if not terms:
+        if llds_part is None and sapo_part is None:
             return logp.new_zeros(())
         args: Any = self.args
-        scale = term_scale(
-            loss_type=str(self.loss_type),
-            normalize=settings.normalize,
-            grad_accum=int(
-                getattr(self, "current_gradient_accumulation_steps", args.gradient_accumulation_steps)
-            ),
-            n_loss_tokens=(mask != 0).sum(),
-            num_items_in_batch=inputs.get("num_items_in_batch"),
-            num_processes=int(self.accelerator.num_processes),
-            steps_per_generation=int(args.steps_per_generation),
-        )
-        term = (terms[0] if len(terms) == 1 else terms[0] + terms[1]) * scale
+
+        def scale(normalize: Any) -> Tensor | float:
+            return term_scale(
+                loss_type=str(self.loss_type),
+                normalize=normalize,
+                grad_accum=int(
+                    getattr(self, "current_gradient_accumulation_steps", args.gradient_accumulation_steps)
+                ),
+                n_loss_tokens=(mask != 0).sum(),
+                num_items_in_batch=inputs.get("num_items_in_batch"),
+                num_processes=int(self.accelerator.num_processes),
+                steps_per_generation=int(args.steps_per_generation),
+            )
+
+        if llds_part is not None and switch is not None:
+            terms.append(switch.lam * llds_part[0] * scale(settings.normalize))
+        if sapo_part is not None:
+            terms.append(settings.sapo_weight * sapo_part[0] * scale(settings.sapo_normalize))
+        term = terms[0] if len(terms) == 1 else terms[0] + terms[1]
         if llds_part is not None:
             self._llds_step_stats.add_llds(*llds_part)
         if sapo_part is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, get_args
 
@@ -19,8 +19,8 @@ import torch
 from torch import Tensor
 
 from contracts import metrics as M
+from contracts.directive import DEFAULT_LLDS_LAMBDA, parse_directive
 from trainer_hooks.regularizers import Gate, LLDSStats, Normalize, SAPOStats, ma_beta
-from trainer_hooks.verl import llds_from_directive
 
 __all__ = [
     "DEFAULT_ANSWER_PATTERN",
@@ -31,6 +31,7 @@ __all__ = [
     "AnswerWeight",
     "LLDSMode",
     "LLDSSwitch",
+    "MASchedule",
     "RegularizerSettings",
     "RegularizerStep",
     "answer_token_mask",
@@ -42,6 +43,8 @@ __all__ = [
 
 LLDSMode = Literal["off", "on", "auto"]
 AnswerWeight = float | Literal["ma"]
+MASchedule = Literal["paper", "code"]
+_MA_SCHEDULES: Final[tuple[str, ...]] = get_args(MASchedule)
 
 DEFAULT_ANSWER_PATTERN: Final = r"<answer>.*?</answer>"
 """Final-answer span of Search-R1-style agents (compiled with re.DOTALL: answers may span lines)."""
@@ -82,18 +85,22 @@ class RegularizerSettings:
         answer_weight: beta of answer-span tokens (LLDS-MA), a float >= 0 or "ma" (`ma_beta` of
             the rollout's valid searches per trajectory).
         answer_pattern: the answer span is the final match of this regex in the decoded completion.
+        ma_schedule: beta schedule of answer_weight="ma" (`regularizers.ma_beta`).
         sapo_weight: weight w of `sapo_kl_loss` (0: off); independent of `mode`.
         sapo_threshold: its ratio threshold t (required when `sapo_weight` > 0).
+        sapo_normalize: SAPO's own normalisation (independent of LLDS's `normalize`).
     """
 
     mode: LLDSMode = "off"
-    lam: float = 0.2
+    lam: float = DEFAULT_LLDS_LAMBDA
     gate: Gate = "action"
     answer_weight: AnswerWeight = 1.0
     normalize: Normalize = "loss_tokens"
     answer_pattern: re.Pattern[str] = re.compile(DEFAULT_ANSWER_PATTERN, re.DOTALL)
     sapo_weight: float = 0.0
     sapo_threshold: float | None = None
+    ma_schedule: MASchedule = "paper"
+    sapo_normalize: Normalize = "preserving_tokens"
 
     @classmethod
     def build(
@@ -108,6 +115,8 @@ class RegularizerSettings:
         sapo_weight: object,
         sapo_threshold: object,
         sink_has_directive: bool,
+        llds_ma_schedule: object = "paper",
+        sapo_normalize: object = "preserving_tokens",
     ) -> RegularizerSettings:
         """Validate the constructor arguments; `llds=None` means "auto" if the sink has a
         `directive`, else "off".
@@ -132,6 +141,10 @@ class RegularizerSettings:
             raise ValueError(f"llds_gate must be one of {_GATES}, got {llds_gate!r}")
         if llds_normalize not in _NORMALIZES:
             raise ValueError(f"llds_normalize must be one of {_NORMALIZES}, got {llds_normalize!r}")
+        if sapo_normalize not in _NORMALIZES:
+            raise ValueError(f"sapo_normalize must be one of {_NORMALIZES}, got {sapo_normalize!r}")
+        if llds_ma_schedule not in _MA_SCHEDULES:
+            raise ValueError(f"llds_ma_schedule must be one of {_MA_SCHEDULES}, got {llds_ma_schedule!r}")
         answer_weight: AnswerWeight
         if isinstance(llds_answer_weight, str):
             if llds_answer_weight.strip().lower() != "ma":
@@ -160,6 +173,8 @@ class RegularizerSettings:
             answer_pattern=pattern,
             sapo_weight=w,
             sapo_threshold=threshold,
+            ma_schedule=llds_ma_schedule,  # type: ignore[arg-type]
+            sapo_normalize=sapo_normalize,  # type: ignore[arg-type]
         )
 
     @property
@@ -281,20 +296,24 @@ def valid_searches_from_mask(loss_mask: Tensor) -> float:
 
 
 def ma_answer_weight(
-    call_frequency: float | None, failure_frequency: float | None, loss_mask: Tensor
+    call_frequency: float | None,
+    failure_frequency: float | None,
+    loss_mask: Tensor,
+    *,
+    schedule: MASchedule = "paper",
 ) -> tuple[float, float]:
     """(V_s, beta) of LLDS-MA for one rollout batch.
 
     V_s = TRL's `tools/call_frequency` * (1 - `tools/failure_frequency`) (valid tool calls per
     trajectory over all processes, the `search/valid_per_traj` metric) when TRL logged it for this
-    rollout, else `valid_searches_from_mask`; beta = `ma_beta(V_s)`.
+    rollout, else `valid_searches_from_mask`; beta = `ma_beta(V_s, schedule)`.
     """
     if call_frequency is not None and math.isfinite(call_frequency):
         failures = failure_frequency if failure_frequency is not None else 0.0
         v_s = call_frequency * (1.0 - failures)
     else:
         v_s = valid_searches_from_mask(loss_mask)
-    return v_s, ma_beta(v_s)
+    return v_s, ma_beta(v_s, schedule=schedule)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -315,29 +334,18 @@ class LLDSSwitch:
         return self.enabled and self.lam > 0
 
 
-def _field(obj: Any, key: str) -> Any:
-    if isinstance(obj, Mapping):
-        return obj.get(key)
-    return getattr(obj, key, None)
-
-
 def read_directive(sink: object) -> LLDSSwitch | None:
-    """The LLDS switch of `sink.directive` (duck-typed, as `trainer_hooks.client.Directive` or the
-    service's JSON shape); None if the sink has no directive or it is malformed (parsed like
-    `trainer_hooks.verl.llds_from_directive`: a bool `enabled`, a finite `lam` >= 0)."""
-    directive = getattr(sink, "directive", None)
+    """The LLDS switch of `sink.directive` (duck-typed: a `contracts.directive.Directive`, the
+    service's JSON shape or the flat `{"enabled", "lam"}` form); None if the sink has no directive or
+    it is malformed (`contracts.directive.parse_directive`: a bool `enabled`, a finite `lam` >= 0)."""
+    directive = parse_directive(getattr(sink, "directive", None))
     if directive is None:
         return None
-    parsed = llds_from_directive(directive)
-    if parsed is None:
-        return None
-    version = _field(directive, "version")
-    reason = _field(directive, "reason")
     return LLDSSwitch(
-        enabled=parsed[0],
-        lam=parsed[1],
-        version=int(version) if isinstance(version, numbers.Integral) else None,
-        reason=str(reason) if reason is not None else "",
+        enabled=directive.llds.enabled,
+        lam=directive.llds.lam,
+        version=directive.version,
+        reason=directive.reason,
     )
 
 

@@ -26,28 +26,24 @@ from contracts import metrics as M
 from trainer_hooks.likelihood import Source, measure_step, response_advantages
 
 __all__ = [
-    "DELTA_METRICS",
+    "EXACT_DELTA_METRICS",
+    "RATIO_METRICS",
     "TRL_PROVIDED_METRICS",
     "MicroBatch",
     "ProbeBatch",
     "StepAccumulator",
     "StepResult",
     "in_loss_deltas_structurally_zero",
-    "probe_metric_name",
 ]
 
-DELTA_METRICS: Final = frozenset(
-    {
-        M.DELTA_TRAJ_POS,
-        M.DELTA_TRAJ_NEG,
-        M.DELTA_ACTION_POS,
-        M.FRAC_TRAJ_DECREASED_POS,
-        M.FRAC_ACTION_DECREASED_POS,
-        M.RATIO_POS_MEAN,
-        M.RATIO_POS_MIN,
-        M.RATIO_POS_FRAC_LOW,
-    }
-)
+EXACT_DELTA_METRICS: Final = frozenset(M.EXACT_TO_XMB)
+"""Delta metrics of `measure_step` (they depend on log pi_new). Published under these names only by
+the probe (the exact delta of Def. 4.1); in-loss values go out as `M.EXACT_TO_XMB[name]`."""
+
+RATIO_METRICS: Final = frozenset({M.RATIO_POS_MEAN, M.RATIO_POS_MIN, M.RATIO_POS_FRAC_LOW})
+"""Importance ratios pi_theta / pi_old on A > 0 tokens: what the loss itself sees, so in-loss only."""
+
+_NEW_LOGP_METRICS: Final = EXACT_DELTA_METRICS | RATIO_METRICS
 """Metrics of `measure_step` that depend on log pi_new (all others depend on log pi_old only)."""
 
 TRL_PROVIDED_METRICS: Final = frozenset(
@@ -70,20 +66,6 @@ def in_loss_deltas_structurally_zero(
     (e.g. TRL's default `steps_per_generation == gradient_accumulation_steps`, `num_iterations == 1`).
     """
     return gradient_accumulation_steps % (steps_per_generation * num_iterations) == 0
-
-
-def probe_metric_name(name: str, canonical: bool) -> str:
-    """Name of a probe-derived delta metric.
-
-    `canonical=True` (in-loss deltas structurally zero: the probe is the only delta source): the
-    canonical name itself. Otherwise `probe/` is inserted after the namespace, so the probe's exact
-    post-update series never overwrites the in-loss one: `lld/delta_traj_pos` ->
-    `lld/probe/delta_traj_pos`, `ratio/pos_mean` -> `ratio/probe/pos_mean`.
-    """
-    if canonical:
-        return name
-    head, sep, tail = name.partition("/")
-    return f"{head}/probe/{tail}" if sep else f"probe/{name}"
 
 
 def _pad_cat(parts: Sequence[Tensor], width: int, value: float) -> Tensor:
@@ -137,17 +119,24 @@ def _remap_traj(actions: dict[str, list[Any]], traj_id: Tensor) -> dict[str, lis
 class StepAccumulator:
     """Collects the micro-batches of one optimizer step and measures them in one go.
 
-    One `measure_step` call over all rows gives the level metrics (log pi_old of pos/neg responses,
-    advantage mass, garbled share, turns); the delta metrics and the `source="loss"` action records
-    come from the drifted rows only (a second call when the step mixes both kinds).
+    One `measure_step` call over all rows gives the level metrics (log pi_old of pos/neg/correct
+    responses, advantage mass, garbled share, turns); the cross-mini-batch deltas (published as
+    `lld/xmb/*`, never under the exact names), the importance ratios and the `source="loss"` action
+    records come from the drifted rows only (a second call when the step mixes both kinds).
     """
 
     def __init__(
-        self, *, eps: float = 0.0, clip_eps: float = 0.2, max_action_records: int | None = 256
+        self,
+        *,
+        eps: float = 0.0,
+        clip_eps: float = 0.2,
+        max_action_records: int | None = 256,
+        success_threshold: float | None = M.DEFAULT_SUCCESS_THRESHOLD,
     ) -> None:
         self.eps = eps
         self.clip_eps = clip_eps
         self.max_action_records = max_action_records
+        self.success_threshold = success_threshold
         self._parts: list[MicroBatch] = []
 
     def __len__(self) -> int:
@@ -165,12 +154,16 @@ class StepAccumulator:
         if not parts:
             return None
         all_rows = self._measure(parts, step)
-        metrics = {k: v for k, v in all_rows.metrics.items() if k not in DELTA_METRICS}
+        metrics = {k: v for k, v in all_rows.metrics.items() if k not in _NEW_LOGP_METRICS}
         drifted = [p for p in parts if p.drift]
         actions = None
         if drifted:
             result = all_rows if len(drifted) == len(parts) else self._measure(drifted, step)
-            metrics.update({k: v for k, v in result.metrics.items() if k in DELTA_METRICS})
+            for k, v in result.metrics.items():
+                if k in RATIO_METRICS:
+                    metrics[k] = v
+                elif k in EXACT_DELTA_METRICS:
+                    metrics[M.EXACT_TO_XMB[k]] = v
             actions = result.actions
         for name in TRL_PROVIDED_METRICS:
             metrics.pop(name, None)
@@ -200,6 +193,7 @@ class StepAccumulator:
             seed=step,
             source="loss",
             step=step,
+            success_threshold=self.success_threshold,
         )
         return StepResult(
             metrics=out.metrics, actions=_remap_traj(out.actions, traj_id) if drift_all else None
@@ -299,13 +293,14 @@ class ProbeBatch:
         new_logp: Tensor,
         *,
         step: int,
-        canonical_names: bool,
         eps: float = 0.0,
         clip_eps: float = 0.2,
         max_action_records: int | None = 256,
+        success_threshold: float | None = M.DEFAULT_SUCCESS_THRESHOLD,
         source: Source = "probe",
     ) -> StepResult:
-        """Exact deltas of the known rows: `new_logp` (n, T) from the updated model vs rollout time."""
+        """Exact deltas (Def. 4.1) of the known rows: `new_logp` (n, T) from the updated model vs
+        rollout time, under the canonical `lld/delta_*` / `lld/frac_*_decreased_*` names."""
         n = self.size
         mask = self.mask * self.known[:n, None].to(self.mask.dtype)
         out = measure_step(
@@ -320,8 +315,7 @@ class ProbeBatch:
             seed=step,
             source=source,
             step=step,
+            success_threshold=success_threshold,
         )
-        metrics = {
-            probe_metric_name(k, canonical_names): v for k, v in out.metrics.items() if k in DELTA_METRICS
-        }
+        metrics = {k: v for k, v in out.metrics.items() if k in EXACT_DELTA_METRICS}
         return StepResult(metrics=metrics, actions=_remap_traj(out.actions, self.traj_id))

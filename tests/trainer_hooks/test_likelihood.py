@@ -15,7 +15,13 @@ from torch import Tensor
 from contracts import metrics as M
 from contracts.wire import ACTION_COLUMNS
 from trainer_hooks.actions import action_ids, action_sums, num_actions
-from trainer_hooks.likelihood import StepMeasurement, _segments, measure_step, response_advantages
+from trainer_hooks.likelihood import (
+    StepMeasurement,
+    _segments,
+    correct_rows,
+    measure_step,
+    response_advantages,
+)
 
 NAN = math.nan
 X = NAN  # value on mask == 0 tokens (tool feedback, padding): never read, so it must not leak
@@ -36,7 +42,9 @@ LN_08 = math.log(0.8)
 #  pos rows 0, 1: 7 tokens, old sum -8; D_traj -.625 and .5; actions -.25 -.375 .5
 #  neg rows 2 (row 3 is empty): 2 tokens, old sum -4; D_traj -.5
 #  ratios on pos tokens: exp of (-.5 .25 .125 -.5 .5 0 0); below 0.8: the two -.5
-#  advantage mass over non-empty rows 0 1 2 4: (1 + .5) / 1; groups [0 0 1 1 2]: rewards (1 1) (0 1) (.5)
+#  advantage mass per mask token (rows 0 1 2 4 have 4 3 2 4 tokens): (4 * 1 + 3 * .5) / (2 * 1);
+#  on answer tokens (row 0 token 5 only): +inf; groups [0 0 1 1 2]: rewards (1 1) (0 1) (.5)
+#  correct (reward >= 1, with a mask token): rows 0 1 (as pos); reward >= .5: rows 0 1 4
 
 OLD = [
     [-1.0, -0.5, X, X, -0.25, -0.25, X, X],
@@ -90,7 +98,8 @@ HAND_METRICS = {
     M.RATIO_POS_MEAN: sum(POS_RATIOS) / 7,
     M.RATIO_POS_MIN: math.exp(-0.5),
     M.RATIO_POS_FRAC_LOW: 2 / 7,
-    M.ADV_POS_NEG_MASS_RATIO: 1.5,
+    M.ADV_POS_NEG_MASS_RATIO: 5.5 / 2,
+    M.ADV_POS_NEG_MASS_RATIO_ANSWER: INF,
     M.ADV_FRAC_ZERO_STD_GROUPS: 2 / 3,
     M.GARBLED_FRAC: 1 / 5,
 }
@@ -220,6 +229,7 @@ def test_all_negative_and_zero_advantages_omit_pos_metrics() -> None:
     assert out.metrics[M.LOGP_NEG] == pytest.approx(-12 / 9)  # rows 0 1 2: (-2 - 6 - 4) / (4 + 3 + 2)
     assert out.metrics[M.DELTA_TRAJ_NEG] == pytest.approx((-0.625 + 0.5 - 0.5) / 3)
     assert out.metrics[M.ADV_POS_NEG_MASS_RATIO] == 0.0
+    assert out.metrics[M.ADV_POS_NEG_MASS_RATIO_ANSWER] == 0.0  # row 0 token 5 has A = -1
     assert len(out.actions["step"]) == 6  # records cover every response, whatever its advantage
 
 
@@ -229,6 +239,89 @@ def test_mass_ratio_no_negative_mass() -> None:
     assert M.LOGP_NEG not in only_pos.metrics
     zero = measure_step(**hand_inputs(advantages=torch.zeros(5, dtype=torch.float64)))
     assert math.isnan(zero.metrics[M.ADV_POS_NEG_MASS_RATIO])  # no learning signal at all
+    assert math.isnan(zero.metrics[M.ADV_POS_NEG_MASS_RATIO_ANSWER])
+
+
+def test_mass_ratio_is_per_token_not_per_response() -> None:
+    # One GRPO group: 2 correct answers of 2 tokens, 2 wrong ones of 5 tokens. Rewards (1 1 0 0) give
+    # A = +-1 (mean .5, std .5): per response the masses are 2 and 2 (ratio exactly 1, as always in
+    # GRPO), per token 2 * 2 = 4 and 2 * 5 = 10.
+    rewards = t64([1.0, 1.0, 0.0, 0.0])
+    adv = (rewards - rewards.mean()) / rewards.std(correction=0)
+    assert adv.tolist() == [1.0, 1.0, -1.0, -1.0]
+    per_response = adv[adv > 0].sum() / -adv[adv < 0].sum()
+    assert per_response == 1.0
+    mask = torch.tensor([[1, 1, 0, 0, 0, 0], [1, 0, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0], [1, 1, 0, 1, 1, 1]])
+    answer = torch.tensor([[0, 1, 0, 0, 0, 0], [0, 0, 1, 0, 0, 0], [0, 0, 1, 1, 1, 0], [0, 0, 1, 0, 1, 1]])
+    logp = torch.full((4, 6), -1.0, dtype=torch.float64)
+    kw: dict[str, Any] = {"old_logp": logp, "new_logp": logp, "mask": mask, "answer_mask": answer}
+    out = measure_step(advantages=adv, **kw).metrics
+    assert out[M.ADV_POS_NEG_MASS_RATIO] == 4 / 10 != per_response
+    # answer tokens on the mask: 1 + 1 correct, 3 + 2 wrong (row 3 token 2 is off the mask)
+    assert out[M.ADV_POS_NEG_MASS_RATIO_ANSWER] == 2 / 5
+    # The same advantages given per token (B, T), and per-token calibrated advantages.
+    adv_bt = adv.unsqueeze(1).expand(4, 6).clone()
+    assert measure_step(advantages=adv_bt, **kw).metrics == out
+    adv_bt[0, 0] = 3.0  # row 0 tokens: 3 + 1; mean 2 per response
+    adv_bt[2, 5] = -100.0  # off the mask: never read
+    out_bt = measure_step(advantages=adv_bt, **kw).metrics
+    assert out_bt[M.ADV_POS_NEG_MASS_RATIO] == 6 / 10
+    assert out_bt[M.ADV_POS_NEG_MASS_RATIO_ANSWER] == 2 / 5  # row 0's answer token still has A = 1
+    no_answer = measure_step(advantages=adv, **{**kw, "answer_mask": torch.zeros(4, 6)}).metrics
+    assert M.ADV_POS_NEG_MASS_RATIO_ANSWER not in no_answer  # no answer token on the mask
+
+
+def test_correct_population() -> None:
+    out = measure_step(**hand_inputs(success_threshold=1.0)).metrics
+    # rows 0 and 1 (row 3 is correct but empty): the same rows as pos in the hand case
+    assert out[M.LOGP_CORRECT] == HAND_METRICS[M.LOGP_POS]
+    assert out[M.DELTA_TRAJ_CORRECT] == HAND_METRICS[M.DELTA_TRAJ_POS]
+    assert out[M.FRAC_TRAJ_DECREASED_CORRECT] == HAND_METRICS[M.FRAC_TRAJ_DECREASED_POS]
+    assert set(out) == set(HAND_METRICS) | {
+        M.LOGP_CORRECT,
+        M.DELTA_TRAJ_CORRECT,
+        M.FRAC_TRAJ_DECREASED_CORRECT,
+    }
+    # reward >= .5: rows 0 1 4 (row 4 has A = 0: not pos, but correct); 11 tokens, old sum -24
+    out = measure_step(**hand_inputs(success_threshold=0.5)).metrics
+    assert out[M.LOGP_CORRECT] == -24 / 11
+    assert out[M.DELTA_TRAJ_CORRECT] == pytest.approx((-0.625 + 0.5 + 0.0) / 3, rel=1e-12)
+    assert out[M.FRAC_TRAJ_DECREASED_CORRECT] == 1 / 3  # strict: row 4's D_traj = 0 is not < 0
+    assert (
+        measure_step(**hand_inputs(success_threshold=0.5, eps=0.25)).metrics[M.FRAC_TRAJ_DECREASED_CORRECT]
+        == 2 / 3
+    )
+    # all-correct groups leave pos but stay correct
+    zero_adv = measure_step(**hand_inputs(success_threshold=1.0, advantages=torch.zeros(5))).metrics
+    assert M.LOGP_POS not in zero_adv and zero_adv[M.LOGP_CORRECT] == -8 / 7
+    # NaN reward: not correct (row 1 leaves: row 0 alone)
+    nan_rw = measure_step(**hand_inputs(success_threshold=1.0, rewards=t64([1.0, NAN, 0.0, 1.0, 0.5])))
+    assert nan_rw.metrics[M.LOGP_CORRECT] == -0.5 and nan_rw.metrics[M.DELTA_TRAJ_CORRECT] == -0.625
+    # empty population (only the empty row 3 is correct), no threshold, no rewards: omitted
+    correct_names = {M.LOGP_CORRECT, M.DELTA_TRAJ_CORRECT, M.FRAC_TRAJ_DECREASED_CORRECT}
+    for kw in (
+        {"success_threshold": 1.0, "rewards": t64([0.0, 0.0, 0.0, 1.0, 0.5])},
+        {"success_threshold": 2.0},
+        {"success_threshold": None},
+        {"success_threshold": 1.0, "rewards": None},
+    ):
+        assert not correct_names & set(measure_step(**hand_inputs(**kw)).metrics), kw
+
+
+def test_correct_population_nan_logp_propagates() -> None:
+    new = t64(OLD) + t64(DELTA)
+    new[4, 1] = NAN  # row 4: correct at threshold .5, not pos
+    out = measure_step(**hand_inputs(new_logp=new, success_threshold=0.5)).metrics
+    assert math.isnan(out[M.DELTA_TRAJ_CORRECT]) and math.isnan(out[M.FRAC_TRAJ_DECREASED_CORRECT])
+    assert out[M.LOGP_CORRECT] == -24 / 11  # old log-probs are intact
+    assert out[M.DELTA_TRAJ_POS] == HAND_METRICS[M.DELTA_TRAJ_POS]
+
+
+def test_correct_rows() -> None:
+    got = correct_rows(t64([1.0, 0.5, NAN, 2.0, -INF, INF]), 1.0)
+    assert got.dtype == torch.bool
+    assert got.tolist() == [True, False, False, True, False, True]
+    assert correct_rows(torch.tensor([0, 1, 2]), 1.0).tolist() == [False, True, True]
 
 
 def test_empty_batch() -> None:
@@ -266,6 +359,7 @@ def test_no_mask_tokens(tokens: int) -> None:
 def test_optional_inputs_absent() -> None:
     out = measure_step(**hand_inputs(rewards=None, entropy=None, answer_mask=None, valid_searches=None))
     absent = {
+        M.ADV_POS_NEG_MASS_RATIO_ANSWER,
         M.REWARD_MEAN,
         M.REWARD_STD,
         M.ENTROPY_MEAN,
@@ -439,6 +533,7 @@ def naive_measure(
     answer: list[list[int]] | None,
     valid_searches: list[float] | None,
     groups: list[int] | None,
+    success_threshold: float | None,
     eps: float,
     clip_eps: float,
     garbled_ppl: float,
@@ -477,14 +572,29 @@ def naive_measure(
     if ratios:
         out[M.RATIO_POS_MIN] = NAN if any(math.isnan(r) for r in ratios) else min(ratios)
     out[M.RATIO_POS_FRAC_LOW] = _share(ratios, lambda r: r < 1 - clip_eps)
-    nonempty = [b for b in range(batch) if runs[b]]
-    if nonempty:
-        pmass = sum(a_resp[b] for b in nonempty if not a_resp[b] <= 0)
-        nmass = sum(-a_resp[b] for b in nonempty if not a_resp[b] >= 0)
+    if rewards is not None and success_threshold is not None:
+        correct = [b for b in range(batch) if runs[b] and rewards[b] >= success_threshold]
+        out[M.LOGP_CORRECT] = _mean([old[b][t] for b in correct for run in runs[b] for t in run])
+        out[M.DELTA_TRAJ_CORRECT] = _mean([d_traj[b] for b in correct])
+        out[M.FRAC_TRAJ_DECREASED_CORRECT] = _share([d_traj[b] for b in correct], lambda x: x < eps)
+
+    def tok_adv(b: int, t: int) -> float:
+        return float(adv[b][t]) if isinstance(adv[b], list) else float(adv[b])  # type: ignore[index,arg-type]
+
+    def mass_ratio(tokens: list[tuple[int, int]]) -> float | None:
+        if not tokens:
+            return None
+        values = [tok_adv(b, t) for b, t in tokens]
+        pmass = sum(a for a in values if not a <= 0)
+        nmass = sum(-a for a in values if not a >= 0)
         if nmass == 0:
-            out[M.ADV_POS_NEG_MASS_RATIO] = INF if pmass > 0 else NAN
-        else:
-            out[M.ADV_POS_NEG_MASS_RATIO] = pmass / nmass
+            return INF if pmass > 0 else NAN
+        return pmass / nmass
+
+    mask_tokens = [(b, t) for b in range(batch) for run in runs[b] for t in run]
+    out[M.ADV_POS_NEG_MASS_RATIO] = mass_ratio(mask_tokens)
+    if answer is not None:
+        out[M.ADV_POS_NEG_MASS_RATIO_ANSWER] = mass_ratio([(b, t) for b, t in mask_tokens if answer[b][t]])
     old_mean = [[sum(old[b][t] for t in run) / len(run) for run in runs[b]] for b in range(batch)]
     garbled: list[float] = []
     for b in range(batch):
@@ -562,6 +672,8 @@ def cases(draw: st.DrawFn) -> Case:
             adv.unsqueeze(1).expand(batch, tokens) + torch.randint(-1, 2, (batch, tokens), generator=gen) / 4
         )
     rewards = torch.randint(0, 3, (batch,), generator=gen).to(torch.float64) / 2
+    if batch and draw(st.integers(0, 4)) == 0:  # a NaN reward: not correct
+        rewards[draw(st.integers(0, batch - 1))] = NAN
     group_mode = draw(st.sampled_from(["none", "ids", "size"]))
     group_ids = torch.randint(-2, 3, (batch,), generator=gen)
     group_size = draw(st.integers(1, 4))
@@ -583,6 +695,7 @@ def cases(draw: st.DrawFn) -> Case:
         else None,
         "group_ids": group_ids if group_mode == "ids" else None,
         "group_size": group_size if group_mode == "size" else None,
+        "success_threshold": draw(st.sampled_from([None, 0.5, 1.0])),
         "eps": draw(st.sampled_from([0.0, 0.25, -0.125])),
         "clip_eps": draw(st.sampled_from([0.2, 0.5])),
         "garbled_ppl": draw(st.sampled_from([50.0, 4.0])),
@@ -611,6 +724,7 @@ def test_matches_naive_reference(case: Case) -> None:
         answer=_as_lists(kw["answer_mask"]),
         valid_searches=_as_lists(kw["valid_searches"]),
         groups=case.groups,
+        success_threshold=kw["success_threshold"],
         eps=kw["eps"],
         clip_eps=kw["clip_eps"],
         garbled_ppl=kw["garbled_ppl"],

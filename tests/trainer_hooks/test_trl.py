@@ -19,13 +19,12 @@ import torch
 from contracts import metrics as M
 from contracts.wire import ACTION_COLUMNS
 from trainer_hooks.trl_measure import (
-    DELTA_METRICS,
+    EXACT_DELTA_METRICS,
     TRL_PROVIDED_METRICS,
     MicroBatch,
     ProbeBatch,
     StepAccumulator,
     in_loss_deltas_structurally_zero,
-    probe_metric_name,
 )
 
 trl = pytest.importorskip("trl")
@@ -43,7 +42,7 @@ trl_warnings = pytest.mark.filterwarnings(
     r"ignore:`\w*gradient_checkpointing\w*` is deprecated:FutureWarning"
 )
 
-PROBE_DELTAS = {probe_metric_name(name, canonical=False) for name in DELTA_METRICS}
+XMB_DELTAS = frozenset(M.EXACT_TO_XMB.values())
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -97,6 +96,7 @@ def run_grpo(
     monitored: bool = True,
     probe_size: int = 0,
     probe_interval: int = 1,
+    anchor_interval: int = 2,
     **config: Any,
 ) -> Any:
     """Train the tiny model with TRL tool calling; returns the trainer."""
@@ -114,7 +114,11 @@ def run_grpo(
     }
     if monitored:
         trainer = MonitoredGRPOTrainer(
-            **kwargs, lldmon_sink=sink, probe_size=probe_size, probe_interval=probe_interval
+            **kwargs,
+            lldmon_sink=sink,
+            probe_size=probe_size,
+            probe_interval=probe_interval,
+            anchor_interval=anchor_interval,
         )
     else:
         trainer = trl.GRPOTrainer(
@@ -162,7 +166,7 @@ def test_map_trl_logs_renames_passes_through_and_drops_non_scalars() -> None:
     assert out[M.ENTROPY_MEAN] == 1.5
     assert out[M.RESPONSE_LENGTH_MEAN] == 12.0
     assert out[M.RESPONSE_CLIP_RATIO] == 0.0
-    assert out[M.KL] == pytest.approx(0.01)
+    assert out[M.KL_REF] == pytest.approx(0.01)
     assert math.isnan(out[M.CLIP_FRAC])
     assert out[M.SEARCH_VALID_PER_TRAJ] == 1.5
     for passthrough in ("learning_rate", "rewards/accuracy/mean", "tools/call_frequency", "eval_reward"):
@@ -237,11 +241,12 @@ def test_structural_zero_condition(
     assert in_loss_deltas_structurally_zero(accumulation, per_generation, iterations) is zero
 
 
-def test_probe_metric_names() -> None:
-    assert probe_metric_name(M.DELTA_TRAJ_POS, canonical=True) == M.DELTA_TRAJ_POS
-    assert probe_metric_name(M.DELTA_TRAJ_POS, canonical=False) == "lld/probe/delta_traj_pos"
-    assert probe_metric_name(M.RATIO_POS_MEAN, canonical=False) == "ratio/probe/pos_mean"
-    assert not PROBE_DELTAS & set(M.CANONICAL_METRICS)
+def test_estimator_names_are_apart() -> None:
+    """Every exact delta name has its own cross-mini-batch proxy name, and none is both."""
+    assert set(M.EXACT_TO_XMB) == EXACT_DELTA_METRICS
+    assert not XMB_DELTAS & EXACT_DELTA_METRICS
+    assert all(name.startswith("lld/xmb/") for name in XMB_DELTAS)
+    assert (XMB_DELTAS | EXACT_DELTA_METRICS) <= set(M.CANONICAL_METRICS)
 
 
 def _micro(
@@ -279,11 +284,15 @@ def test_accumulator_takes_deltas_and_records_from_drifted_rows_only() -> None:
     # levels over all rows: pos rows 10 and 20 -> old sum (-2) + (-4) over 5 tokens
     assert result.metrics[M.LOGP_POS] == pytest.approx(-6.0 / 5)
     assert result.metrics[M.LOGP_NEG] == pytest.approx(-3.0)
-    # deltas over drifted rows only: pos row 20 D_traj = -0.5 + 0.5 = 0 (tool token ignored)
-    assert result.metrics[M.DELTA_TRAJ_POS] == pytest.approx(0.0)
-    assert result.metrics[M.DELTA_TRAJ_NEG] == pytest.approx(1.0)
-    assert result.metrics[M.DELTA_ACTION_POS] == pytest.approx(0.0)
-    assert result.metrics[M.FRAC_ACTION_DECREASED_POS] == pytest.approx(0.5)
+    # correct = reward >= 1 (here the A > 0 rows): the same level
+    assert result.metrics[M.LOGP_CORRECT] == pytest.approx(-6.0 / 5)
+    # deltas over drifted rows only, under the cross-mini-batch names: pos row 20 D_traj = -0.5 + 0.5
+    assert result.metrics[M.XMB_DELTA_TRAJ_POS] == pytest.approx(0.0)
+    assert result.metrics[M.XMB_DELTA_TRAJ_NEG] == pytest.approx(1.0)
+    assert result.metrics[M.XMB_DELTA_ACTION_POS] == pytest.approx(0.0)
+    assert result.metrics[M.XMB_FRAC_ACTION_DECREASED_POS] == pytest.approx(0.5)
+    assert result.metrics[M.XMB_DELTA_TRAJ_CORRECT] == pytest.approx(0.0)
+    assert not EXACT_DELTA_METRICS & set(result.metrics)  # never under the exact names
     assert not TRL_PROVIDED_METRICS & set(result.metrics)
     assert result.actions is not None
     assert set(result.actions) == set(ACTION_COLUMNS)
@@ -300,7 +309,8 @@ def test_accumulator_without_drift_has_levels_but_no_deltas_or_records() -> None
     result = acc.finish(step=1)
     assert result is not None
     assert result.metrics[M.LOGP_POS] == pytest.approx(-1.5)
-    assert not DELTA_METRICS & set(result.metrics)
+    assert not (EXACT_DELTA_METRICS | XMB_DELTAS) & set(result.metrics)
+    assert M.RATIO_POS_MEAN not in result.metrics
     assert result.actions is None
 
 
@@ -330,12 +340,14 @@ def test_probe_batch_captures_rollout_logps_and_measures_exact_deltas() -> None:
     assert probe.known[:4].all()
     expected_old = (-probe.traj_id.float() / 100)[:, None].expand(-1, width)
     assert torch.equal(probe.old_logp[:4], expected_old)
-    result = probe.measure(expected_old + 0.25, step=3, canonical_names=False)
+    result = probe.measure(expected_old + 0.25, step=3)
     assert result.actions is not None
     assert result.actions["source"] == ["probe"] * 4
     assert sorted(result.actions["traj_index"]) == sorted(probe.traj_id.tolist())
     assert result.actions["delta"] == pytest.approx([0.5] * 4)
-    assert set(result.metrics) <= PROBE_DELTAS and result.metrics  # only delta metrics, probe names
+    # only exact delta metrics, under their canonical names (no ratios, no levels)
+    assert set(result.metrics) <= EXACT_DELTA_METRICS and result.metrics
+    assert result.metrics[M.DELTA_TRAJ_POS] == pytest.approx(0.5)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -408,14 +420,24 @@ def test_real_run_sends_canonical_metrics(drift_run: tuple[RecordingSink, Any]) 
         M.DELTA_ACTION_POS,
         M.FRAC_TRAJ_DECREASED_POS,
         M.FRAC_ACTION_DECREASED_POS,
+        M.XMB_DELTA_TRAJ_POS,
         M.RATIO_POS_MEAN,
+        M.LOGP_CORRECT,
+        M.ADV_POS_NEG_MASS_RATIO,
+        M.ANCHOR_LOGP,
+        M.ANCHOR_SIZE,
     ):
         assert name in names, name
     assert "learning_rate" in names and "tools/call_frequency" in names  # pass-through
-    # level metrics every step; in-loss deltas only on the steps that train a drifted micro-batch
+    # level metrics and exact (probe) deltas every step; the cross-mini-batch proxy only on the steps
+    # that train a drifted micro-batch
     assert sorted(sink.series(M.LOGP_POS)) == [1, 2, 3, 4]
-    assert sorted(sink.series(M.DELTA_TRAJ_POS)) == [2, 4]
-    assert any(v != 0.0 for v in sink.series(M.DELTA_TRAJ_POS).values())
+    assert sorted(sink.series(M.DELTA_TRAJ_POS)) == [1, 2, 3, 4]
+    assert sorted(sink.series(M.XMB_DELTA_TRAJ_POS)) == [2, 4]
+    assert any(v != 0.0 for v in sink.series(M.XMB_DELTA_TRAJ_POS).values())
+    # the anchor set is re-scored every anchor_interval (2) steps; its delta needs an older baseline
+    assert sorted(sink.series(M.ANCHOR_LOGP)) == [2, 4]
+    assert sorted(sink.series(M.ANCHOR_DELTA)) == [4]
     # the tool made trajectories multi-action (tool_mask gaps)
     assert max(sink.series(M.TURNS_MEAN).values()) > 1.0
     # TRL-logged metrics arrive once per step, under canonical names only
@@ -433,8 +455,8 @@ def test_real_run_action_records_and_probe(drift_run: tuple[RecordingSink, Any])
     assert {r["step"] for r in loss} == {2, 4}
     assert {r["step"] for r in probe} == {1, 2, 3, 4}
     assert max(r["action_index"] for r in loss) >= 1
-    # probe deltas go to lld/probe/* because the in-loss deltas are not structurally zero here
-    assert sorted(sink.series("lld/probe/delta_traj_pos")) == [1, 2, 3, 4]
+    # the probe's exact deltas own the canonical names, whatever the in-loss deltas do
+    assert sorted(sink.series(M.DELTA_TRAJ_POS)) == [1, 2, 3, 4]
     assert any(r["delta"] != 0.0 for r in probe)
     # Consistency of the two paths: the probe after step 1 and the loss of step 2 see the same model
     # (updated once) and the same rollout-time old log-probs, so their action deltas agree.
@@ -476,10 +498,10 @@ def test_on_policy_without_probe_warns_once(tmp_path: Path, caplog: pytest.LogCa
         trainer.train()  # a second train() call on the same trainer does not warn again
     warnings = [r for r in caplog.records if r.name == "lldmon.trl"]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
-    assert "structurally zero" in warnings[0].getMessage()
+    assert "probe is off" in warnings[0].getMessage()
     names = sink.names()
     assert M.LOGP_POS in names or M.LOGP_NEG in names
-    assert not (DELTA_METRICS | PROBE_DELTAS) & names
+    assert not (EXACT_DELTA_METRICS | XMB_DELTAS | {M.RATIO_POS_MEAN}) & names
     assert sink.actions == []
     _assert_sane(sink)
 
@@ -498,10 +520,11 @@ def test_on_policy_probe_owns_canonical_delta_names(tmp_path: Path, caplog: pyte
             logging_steps=2,
         )
     assert not [r for r in caplog.records if r.name == "lldmon.trl"]
-    # logging_steps=2: step 1's measurements are sent at the step-2 log event, under step 1
+    # logging_steps=2: every optimizer step still gets its own values
     assert sorted(sink.series(M.DELTA_TRAJ_POS) or sink.series(M.DELTA_TRAJ_NEG)) == [1, 2]
     assert sorted(sink.series(M.LOGP_POS) or sink.series(M.LOGP_NEG)) == [1, 2]
-    assert not PROBE_DELTAS & sink.names()
+    assert sorted(sink.series(M.GRAD_NORM)) == [1, 2]
+    assert not XMB_DELTAS & sink.names()
     assert {s for _, cols in sink.actions for s in cols["source"]} == {"probe"}
     _assert_records(sink)
     _assert_sane(sink)
@@ -535,7 +558,7 @@ def test_every_objective(tmp_path: Path, loss_type: str, level: str, beta: float
     names = sink.names()
     assert M.DELTA_TRAJ_POS in names or M.DELTA_TRAJ_NEG in names
     assert sorted(sink.series(M.LOSS)) == [1, 2]
-    assert (M.KL in names) == (beta != 0.0)
+    assert (M.KL_REF in names) == (beta != 0.0)
     assert {s for _, cols in sink.actions for s in cols["source"]} == {"loss", "probe"}
     _assert_records(sink)
     _assert_sane(sink)
@@ -561,7 +584,8 @@ def test_measurement_failure_never_stops_training(
     assert not trainer.lldmon_active and not trainer.lldmon_probe_enabled
     # TRL's own metrics still flow
     assert sorted(sink.series(M.LOSS)) == [1, 2]
-    assert not any(name.startswith("lld/") for name in sink.names())
+    # the anchor set is guarded apart (it does not use measure_step) and goes on
+    assert not any(name.startswith("lld/") and not name.startswith("lld/anchor/") for name in sink.names())
 
 
 @trl_warnings
@@ -588,8 +612,11 @@ def test_end_to_end_with_the_client_and_a_live_server(tmp_path: Path) -> None:
             series = server.series(run_id)
             assert series[M.GRAD_NORM]["steps"] == [1, 2, 3, 4]
             assert series[M.LOGP_POS]["steps"] == [1, 2, 3, 4] or series[M.LOGP_NEG]["steps"] == [1, 2, 3, 4]
-            assert series[M.DELTA_TRAJ_POS]["steps"] == [2, 4] or series[M.DELTA_TRAJ_NEG]["steps"] == [2, 4]
-            assert series["lld/probe/delta_traj_pos"]["steps"] == [2, 4]
+            assert series[M.XMB_DELTA_TRAJ_POS]["steps"] == [2, 4] or series[M.XMB_DELTA_TRAJ_NEG]["steps"] == [
+                2,
+                4,
+            ]
+            assert series[M.DELTA_TRAJ_POS]["steps"] == [2, 4]  # the probe, every probe_interval = 2 steps
             assert all(v <= 0 for v in series.get(M.LOGP_POS, {"values": []})["values"])
             probe = server.get(f"/runs/{run_id}/actions", source="probe")
             loss = server.get(f"/runs/{run_id}/actions", source="loss")
@@ -598,3 +625,86 @@ def test_end_to_end_with_the_client_and_a_live_server(tmp_path: Path) -> None:
             assert len(set(loss["traj_index"])) == 8  # every drifted trajectory of both rollouts
         finally:
             client.close(timeout=10)
+
+
+# ----------------------------------------------------------------------------------------------
+# TRL's default schedule and logging: every optimizer step still delivers
+
+
+def _per_step(history: list[dict[str, Any]], key: str) -> dict[int, float]:
+    return {int(h["step"]): float(h[key]) for h in history if key in h}
+
+
+@trl_warnings
+def test_default_schedule_and_logging_deliver_every_step(tmp_path: Path) -> None:
+    """TRL's defaults (steps_per_generation == gradient_accumulation_steps, logging_steps=10) and a
+    trainer given nothing but a sink: the exact delta, reward, entropy, grad norm, the correct-response
+    level and a varying per-token advantage mass ratio arrive at every optimizer step, with the values
+    TRL itself logs when asked to log every step."""
+    steps = 6
+    sink = RecordingSink()
+    tok = tiny.build_tokenizer()
+    trainer = MonitoredGRPOTrainer(
+        model=tiny.build_model(tok),
+        reward_funcs=tiny.hashed_reward,
+        args=tiny.grpo_config(
+            tmp_path / "monitored", tok, steps_per_generation=1, logging_steps=10, max_steps=steps
+        ),
+        train_dataset=tiny.build_dataset(),
+        processing_class=tok,
+        tools=[tiny.search],
+        lldmon_sink=sink,
+    )
+    trainer.train()
+    every = list(range(1, steps + 1))
+    for name in (M.REWARD_MEAN, M.ENTROPY_MEAN, M.GRAD_NORM, M.LOSS, M.ADV_POS_NEG_MASS_RATIO):
+        assert sorted(sink.series(name)) == every, name
+    assert sorted(set(sink.series(M.DELTA_TRAJ_POS)) | set(sink.series(M.DELTA_TRAJ_NEG))) == every
+    assert len(sink.series(M.LOGP_CORRECT)) >= steps - 1  # a batch may have no correct answer
+    assert sorted(sink.series(M.ANCHOR_LOGP)) == [5]  # anchor_interval defaults to 5
+    assert len(set(sink.series(M.ADV_POS_NEG_MASS_RATIO).values())) > 1
+    assert not XMB_DELTAS & sink.names()  # on-policy: no cross-mini-batch drift exists
+    # TRL's window means never overwrite the per-step values
+    assert all(len(m) > 0 for _, m in sink.metrics)
+    assert sum(1 for step, m in sink.metrics if M.GRAD_NORM in m) == steps
+
+    # The same training logged by TRL at every step: identical per-step values.
+    plain = run_grpo(
+        tmp_path / "plain", sink=None, monitored=False, steps_per_generation=1, max_steps=steps
+    )
+    history = plain.state.log_history
+    for key, name in (("reward", M.REWARD_MEAN), ("grad_norm", M.GRAD_NORM), ("entropy", M.ENTROPY_MEAN)):
+        expected = _per_step(history, key)
+        assert sink.series(name) == pytest.approx(expected, rel=1e-6), key
+    assert sink.series(M.LOSS) == pytest.approx(_per_step(history, "loss"), rel=1e-5, abs=1e-7)
+
+
+@trl_warnings
+def test_sink_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer_hooks.client import MonitorClient
+
+    tok = tiny.build_tokenizer()
+    kwargs: dict[str, Any] = {
+        "model": tiny.build_model(tok),
+        "reward_funcs": tiny.hashed_reward,
+        "args": tiny.grpo_config(tmp_path, tok, run_name="grpo-nq-7"),
+        "train_dataset": tiny.build_dataset(),
+        "processing_class": tok,
+        "tools": [tiny.search],
+    }
+    monkeypatch.delenv("LLDMON_URL", raising=False)
+    assert MonitoredGRPOTrainer(**kwargs).lldmon_sink is None  # no environment: monitoring off
+    monkeypatch.setenv("LLDMON_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("LLDMON_PROJECT", "nq")
+    monkeypatch.setenv("RANK", "1")  # a disabled client: nothing is sent from this test
+    trainer = MonitoredGRPOTrainer(**kwargs)
+    sink = trainer.lldmon_sink
+    assert isinstance(sink, MonitorClient)
+    try:
+        assert sink.url == "http://127.0.0.1:9"
+        assert sink.identity.run_name == "grpo-nq-7" and sink.identity.project == "nq"
+        assert sink.identity.config["learning_rate"] == pytest.approx(5e-2)
+        assert trainer.llds_settings.mode == "auto"  # the client has a directive
+    finally:
+        sink.close(timeout=1)
+    assert MonitoredGRPOTrainer(**kwargs, lldmon_sink=None).lldmon_sink is None

@@ -113,6 +113,7 @@ class Spy(MonitoredGRPOTrainer):
                 "g_delta": (g_total - g_base).detach(),
                 "logp": logp.detach().clone(),
                 "old": inputs.get("old_per_token_logps"),
+                "drifted": self._lldmon_drifted(),
                 "mask": mask,
                 "advantages": inputs["advantages"],
                 "answer_mask": inputs.get("lldmon_answer_mask"),
@@ -139,10 +140,10 @@ def base_loss_spy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(trl.GRPOTrainer, "_compute_loss", recording)
 
 
-def _expected_scale(trainer: Spy, micro: Mapping[str, Any]) -> float:
+def _expected_scale(trainer: Spy, micro: Mapping[str, Any], normalize: str = "loss_tokens") -> float:
     args = trainer.args
     ga, spg = args.gradient_accumulation_steps, args.steps_per_generation
-    if trainer.loss_type in ("dapo", "cispo", "vespo"):
+    if trainer.loss_type in ("dapo", "cispo", "vespo") and normalize == "loss_tokens":
         n_tok = float((micro["mask"] != 0).sum())
         return n_tok / (float(micro["num_items"]) * ga / spg)
     return 1.0 / ga
@@ -192,21 +193,27 @@ def test_backpropagated_loss_is_grpo_plus_scaled_term(tmp_path: Path, name: str,
     for micro in trainer.micro:
         assert micro["old"] is not None  # steps_per_generation > accumulation: TRL keeps old log-probs
         logp = micro["logp"].clone().requires_grad_(True)
+        # before the first update after the rollout there is no displacement: old = the loss's own
+        old = micro["old"] if micro["drifted"] else micro["logp"]
+        normalize = "loss_tokens"
         if name == "sapo":
-            reg, _ = sapo_kl_loss(logp, micro["old"], micro["mask"], micro["advantages"], threshold=1.0)
+            normalize = "preserving_tokens"  # SAPO's own default
+            reg, _ = sapo_kl_loss(
+                logp, old, micro["mask"], micro["advantages"], threshold=1.0, normalize=normalize
+            )
             weight = case["sapo_weight"]
         else:
             answer_mask = micro["answer_mask"]
             reg, _ = llds_loss(
                 logp,
-                micro["old"],
+                old,
                 micro["mask"],
                 micro["advantages"],
                 answer_mask=answer_mask,
                 answer_weight=micro["beta"] if answer_mask is not None else 1.0,
             )
             weight = case["llds_lambda"]
-        scale = _expected_scale(trainer, micro)
+        scale = _expected_scale(trainer, micro, normalize)
         expected = weight * scale * reg
         (g_expected,) = torch.autograd.grad(expected, logp)
         # the value TRL backpropagates is its own loss plus the scaled term, with the same graph
@@ -341,7 +348,9 @@ def test_a_failing_term_never_stops_training(
         )
         trainer.train()
     assert trainer.state.global_step == 2 and not trainer.llds_active
-    messages = [r.getMessage() for r in caplog.records if r.name == "lldmon.trl"]
+    messages = [
+        r.getMessage() for r in caplog.records if r.name == "lldmon.trl" and "probe is off" not in r.getMessage()
+    ]
     assert len(messages) == 1 and "switched off" in messages[0], messages
     assert sink.series(M.LLDS_ACTIVE) == {1: 0.0, 2: 0.0}
     assert sorted(sink.series(M.LOSS)) == [1, 2]
@@ -536,3 +545,37 @@ def test_non_main_ranks_follow_the_main_process(
     from_main["value"] = [0.0, 0.0, 0.0, -1.0]  # main had no readable directive: keep the setting
     rank1._llds_step_begin(4)
     assert rank1.llds_switch.lam == 0.25 and rank1.llds_switch.enabled
+
+
+class RecomputedOld(MonitoredGRPOTrainer):
+    """On-policy TRL with `old_per_token_logps` from a separate forward, as with vLLM's
+    importance-sampling correction: here the rollout's log-probs plus recompute noise."""
+
+    def _generate_and_score_completions(self, inputs: Any) -> Any:
+        output = super()._generate_and_score_completions(inputs)
+        with torch.no_grad():
+            prompt_completion = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+            attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+            logp, _, _ = super()._get_per_token_logps_and_entropies(
+                self.model, prompt_completion, attention, output["completion_ids"].shape[1]
+            )
+        noise = 1e-3 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(0))
+        output["old_per_token_logps"] = logp + noise
+        return output
+
+
+@trl_warnings
+def test_llds_ignores_recompute_noise_on_policy(tmp_path: Path) -> None:
+    """No optimizer step since the rollout means no displacement: LLDS must not gate on the noise of a
+    recomputed old log-prob (before the fix ~half the actions were gated and llds/loss > 0)."""
+    sink = RecordingSink()
+    trainer = RecomputedOld(
+        **_trainer_kwargs(tmp_path, steps_per_generation=1, max_steps=3),
+        lldmon_sink=sink,
+        probe_size=0,
+        llds="on",
+    )
+    trainer.train()
+    assert sink.series(M.LLDS_ACTIVE) == {1: 1.0, 2: 1.0, 3: 1.0}
+    assert sink.series(M.LLDS_LOSS) == {1: 0.0, 2: 0.0, 3: 0.0}
+    assert sink.series(M.LLDS_GATED_ACTION_FRAC) == {1: 0.0, 2: 0.0, 3: 0.0}
