@@ -4,8 +4,13 @@ Runs the tiny offline TRL setup of `tests/trainer_hooks/tiny.py` (random 2-layer
 tokenizer, a `search` tool, CPU) in three variants, repetitions interleaved (A B C A B C ...):
 
 - `plain`: `trl.GRPOTrainer`;
-- `hooks`: `MonitoredGRPOTrainer` with an in-memory sink, probe off (in-loss measurement + name mapping);
-- `hooks+probe`: the same with the post-update probe (`--probe-size` rows every step);
+- `hooks`: `MonitoredGRPOTrainer` with an in-memory sink, probe and anchor set off (in-loss
+  measurement, per-step TRL scalars, name mapping);
+- `hooks+probe`: the same with the post-update probe (`--probe-size` rows every `--probe-interval`
+  steps; default 8 rows every step, the trainer's default);
+- `hooks+anchors`: `hooks` with the anchor set (`--anchor-size` correct responses re-scored every
+  `--anchor-interval` steps; default 32 every 5, the trainer's default);
+- `defaults`: `MonitoredGRPOTrainer` with nothing but a sink: probe and anchor set at their defaults;
 - `client`: `hooks` streaming through the real `MonitorClient` to a live `lldmon serve`;
 - `client-down`: the same client pointed at a server that accepts connections and never answers
   (the worst kind of outage: every request hangs until its timeout, then batches go to the spool);
@@ -26,8 +31,8 @@ callback, excluding TRL's own work) and reports it as a share of the step: the n
 
 Usage::
 
-    python benchmarks/hooks.py [--reps 5] [--steps 16] [--batch 8] [--probe-size 8] [--probe-interval 5]
-                               [--threads 1] [--json PATH]
+    python benchmarks/hooks.py [--reps 5] [--steps 16] [--batch 8] [--probe-size 8] [--probe-interval 1]
+                               [--anchor-size 32] [--anchor-interval 5] [--threads 1] [--json PATH]
 """
 
 from __future__ import annotations
@@ -55,10 +60,20 @@ from transformers.trainer_callback import PrinterCallback  # noqa: E402
 
 from tests.trainer_hooks import tiny  # noqa: E402
 
-VARIANTS = ("plain", "hooks", "hooks+probe", "hooks+llds", "client", "client-down")
+VARIANTS = (
+    "plain",
+    "hooks",
+    "hooks+probe",
+    "hooks+anchors",
+    "defaults",
+    "hooks+llds",
+    "client",
+    "client-down",
+)
 
-# Monitoring code paths of MonitoredGRPOTrainer (methods that do nothing but monitoring).
-HOOK_METHODS = ("_lldmon_tag_rollout", "_lldmon_collect", "_lldmon_step_end")
+# Monitoring code paths of MonitoredGRPOTrainer (methods that do nothing but monitoring); the probe
+# and the anchor set run inside `_lldmon_step_end`.
+HOOK_METHODS = ("_lldmon_tag_rollout", "_lldmon_collect", "_lldmon_step_end", "_lldmon_step_scalars")
 # LLDS code paths (the term's forward part; its backward runs inside TRL's backward pass).
 LLDS_METHODS = ("_llds_term", "_llds_tag_rollout", "_llds_step_begin", "_llds_step_end")
 
@@ -107,6 +122,8 @@ def run(
     probe_interval: int,
     workdir: Path,
     urls: Mapping[str, str] | None = None,
+    anchor_size: int = 32,
+    anchor_interval: int = 5,
 ) -> tuple[float, float]:
     """One training run; returns (median step time in s, hook seconds per step)."""
     from trl import GRPOTrainer
@@ -145,13 +162,16 @@ def run(
 
             assert urls is not None
             sink = MonitorClient(urls[variant], workdir.name, spool_dir=workdir / "spool", timeout=2.0)
-        trainer = MonitoredGRPOTrainer(
-            **common,
-            lldmon_sink=sink,
-            probe_size=probe_size if variant == "hooks+probe" else 0,
-            probe_interval=probe_interval,
-            llds="on" if variant == "hooks+llds" else "off",
-        )
+        options: dict[str, Any] = {
+            "probe_size": probe_size if variant == "hooks+probe" else 0,
+            "probe_interval": probe_interval,
+            "anchor_size": anchor_size if variant == "hooks+anchors" else 0,
+            "anchor_interval": anchor_interval,
+            "llds": "on" if variant == "hooks+llds" else "off",
+        }
+        if variant == "defaults":
+            options = {"llds": "off"}  # everything else at MonitoredGRPOTrainer's defaults
+        trainer = MonitoredGRPOTrainer(**common, lldmon_sink=sink, **options)
         trainer._lldmon_bench_sink = sink
         for name in HOOK_METHODS + (LLDS_METHODS if variant == "hooks+llds" else ()):
             setattr(trainer, name, _timed(getattr(trainer, name), hook_time))
@@ -174,7 +194,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=8, help="per-device micro-batch (completions)")
     parser.add_argument("--probe-size", type=int, default=8)
     parser.add_argument(
-        "--probe-interval", type=int, default=5, help="probe every this many steps (trainer default 5)"
+        "--probe-interval", type=int, default=1, help="probe every this many steps (trainer default 1)"
+    )
+    parser.add_argument("--anchor-size", type=int, default=32, help="anchors (trainer default 32)")
+    parser.add_argument(
+        "--anchor-interval", type=int, default=5, help="re-score anchors every N steps (trainer default 5)"
     )
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     parser.add_argument("--json", type=Path, help="write the per-variant figures here")
@@ -193,7 +217,8 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"tiny Qwen2 (hidden 32, 2 layers), tool calling, micro-batch {args.batch}, 4 generations/prompt, "
         f"steps_per_generation 2, {args.steps} steps/run, {args.reps} reps interleaved, "
-        f"probe {args.probe_size} rows every {args.probe_interval} step(s)"
+        f"probe {args.probe_size} rows every {args.probe_interval} step(s), "
+        f"anchor set {args.anchor_size} every {args.anchor_interval} step(s)"
     )
     step_s: dict[str, list[float]] = {v: [] for v in VARIANTS}
     hook_s: dict[str, list[float]] = {v: [] for v in VARIANTS}
@@ -213,6 +238,8 @@ def main(argv: list[str] | None = None) -> None:
                     args.probe_interval,
                     Path(tmp) / f"{variant}-{rep}",
                     urls,
+                    args.anchor_size,
+                    args.anchor_interval,
                 )
                 step_s[variant].append(med)
                 hook_s[variant].append(hooks)

@@ -293,8 +293,14 @@ def _note(text: str, *, center: bool, name: str) -> dict[str, Any]:
 
 
 def missing_annotations(panel: Panel, present: Sequence[str]) -> list[dict[str, Any]]:
-    """ "no data for <metric>": centred when the panel is empty, small in a corner when partly empty."""
+    """ "no data for <metric>": centred when the panel is empty, small in a corner when partly empty
+    (optional metrics are named only when the panel is empty)."""
     missing = [name for name in panel.metrics if name not in present]
+    if not present:
+        required = [name for name in missing if name not in panel.optional]
+        missing = required or missing
+    else:
+        missing = [name for name in missing if name not in panel.optional]
     if not missing:
         return []
     if not present:

@@ -1,4 +1,9 @@
-"""Which metrics the run page plots, panel by panel (canonical names from `contracts.metrics`)."""
+"""Which metrics the run page plots, panel by panel (canonical names from `contracts.metrics`).
+
+Panels of likelihood metrics say which estimator they show (lld-reference.md section 2): the exact
+post-update delta (`lld/delta_*`, `lld/frac_*_decreased_*`), the cross-mini-batch proxy seen inside the loss
+(`lld/xmb/*`), the level at rollout (`lld/logp_*`) and the frozen anchor set (`lld/anchor/*`).
+"""
 
 from __future__ import annotations
 
@@ -15,22 +20,35 @@ class Panel:
     metrics: tuple[str, ...]
     log_y: bool = False
     y_title: str = ""
+    optional: frozenset[str] = frozenset()
+    """Metrics plotted when a run has them and never reported as missing (each trainer integration
+    emits only some estimators: verl has no exact delta, a TRL job may have no in-loss proxy)."""
 
 
 PANELS: Final = (
     Panel("reward", "Reward", (M.REWARD_MEAN,)),
     Panel(
         "logp",
-        "Log-likelihood of correct (A>0) vs incorrect (A<0) responses",
-        (M.LOGP_POS, M.LOGP_NEG),
+        "Likelihood level: at rollout, A>0 / A<0 / correct responses (lld/logp_*); "
+        "anchor set re-scored (lld/anchor/logp)",
+        (M.LOGP_POS, M.LOGP_NEG, M.LOGP_CORRECT, M.ANCHOR_LOGP),
         y_title="mean token log-prob",
+        optional=frozenset({M.LOGP_CORRECT, M.ANCHOR_LOGP}),
     ),
     Panel(
         "deltas",
-        "Likelihood displacement D = log π_new − log π_old (< 0: fell)",
-        (M.DELTA_TRAJ_POS, M.DELTA_TRAJ_NEG, M.DELTA_ACTION_POS),
+        "Displacement D = log π_new − log π_old (< 0: fell): exact post-update (lld/delta_*), "
+        "cross-mini-batch proxy (lld/xmb/*)",
+        (M.DELTA_TRAJ_POS, M.DELTA_TRAJ_NEG, M.DELTA_ACTION_POS, M.XMB_DELTA_TRAJ_POS),
+        optional=frozenset({M.XMB_DELTA_TRAJ_POS}),
     ),
-    Panel("frac", "Share of correct responses whose likelihood fell", (M.FRAC_TRAJ_DECREASED_POS,)),
+    Panel(
+        "frac",
+        "Share of A>0 responses whose likelihood fell: exact post-update (lld/frac_*), "
+        "cross-mini-batch proxy (lld/xmb/*)",
+        (M.FRAC_TRAJ_DECREASED_POS, M.XMB_FRAC_TRAJ_DECREASED_POS),
+        optional=frozenset({M.XMB_FRAC_TRAJ_DECREASED_POS}),
+    ),
     Panel("entropy", "Entropy", (M.ENTROPY_MEAN,)),
     Panel("grad", "Gradient norm (log scale)", (M.GRAD_NORM,), log_y=True),
     Panel("tools", "Valid searches per trajectory and turns", (M.SEARCH_VALID_PER_TRAJ, M.TURNS_MEAN)),

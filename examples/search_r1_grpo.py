@@ -600,8 +600,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tool-calls", type=int, default=2)
     p.add_argument("--top-k", type=int, default=None, help="passages per search (default: tiny 1, else 3)")
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--probe-size", type=int, default=8)
-    p.add_argument("--probe-interval", type=int, default=2)
+    p.add_argument(
+        "--probe-size", type=int, default=None, help="rows re-scored after each update (default: auto)"
+    )
+    p.add_argument("--probe-interval", type=int, default=1, help="probe every N optimizer steps")
+    p.add_argument(
+        "--anchor-size", type=int, default=None, help="correct responses in the anchor set (default: auto)"
+    )
+    p.add_argument("--anchor-interval", type=int, default=5, help="re-score the anchor set every N steps")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (more only help big models)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--corpus", type=Path, default=CORPUS_DIR)
@@ -793,6 +799,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         lldmon_sink=client,
         probe_size=args.probe_size if client is not None else 0,
         probe_interval=args.probe_interval,
+        anchor_size=args.anchor_size,
+        anchor_interval=args.anchor_interval,
         **llds_kwargs(MonitoredGRPOTrainer, args.llds, args.llds_lambda),
     )
     trainer.remove_callback(PrinterCallback)  # Progress prints one line per step instead of the raw dict

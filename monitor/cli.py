@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from contracts.directive import DEFAULT_LLDS_LAMBDA
+
 app = typer.Typer(help="lldmon: collapse diagnostics for GRPO agent training.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema migrations.", no_args_is_help=True)
 token_app = typer.Typer(help="API tokens (auth is on once one exists).", no_args_is_help=True)
@@ -366,7 +368,9 @@ def alerts_ack(
 def directive(
     run: Annotated[str, typer.Argument(help="Run id or unique name.")],
     llds: Annotated[str | None, typer.Option("--llds", help="on or off.")] = None,
-    lam: Annotated[float | None, typer.Option("--lambda", help="LLDS weight (paper: 0.2).")] = None,
+    lam: Annotated[
+        float | None, typer.Option("--lambda", help=f"LLDS weight (paper: {DEFAULT_LLDS_LAMBDA}).")
+    ] = None,
     policy: Annotated[str | None, typer.Option(help="off, alert or auto.")] = None,
     reason: Annotated[str, typer.Option(help="Recorded with the change.")] = "",
     database_url: DatabaseUrl = None,

@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from contracts.directive import DEFAULT_LLDS_LAMBDA
+
 DEFAULT_DATA_DIR = Path.home() / ".lldmon"
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 
@@ -46,7 +48,9 @@ class Settings(BaseSettings):
 
     # Closed loop: what `auto` runs get when they slide (lld-reference.md section 4).
     llds_trigger_phase: Literal["decay", "collapse"] = "decay"
-    llds_lambda: float = Field(default=0.2, ge=0, description="Paper default (0.3 for Qwen2.5-7B-Instruct).")
+    llds_lambda: float = Field(
+        default=DEFAULT_LLDS_LAMBDA, ge=0, description="Paper default (0.3 for Qwen2.5-7B-Instruct)."
+    )
     llds_lambda_max: float = Field(default=0.3, ge=0, description="Escalation cap when decay continues.")
     llds_escalate_after_steps: int = Field(
         default=40,

@@ -6,8 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-DEFAULT_LLDS_LAMBDA = 0.2
-"""lld-reference.md section 4: lambda = 0.2 (0.3 for Qwen2.5-7B-Instruct)."""
+from contracts.directive import DEFAULT_LLDS_LAMBDA
 
 
 @dataclass(frozen=True)

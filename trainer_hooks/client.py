@@ -40,7 +40,7 @@ import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Literal
@@ -48,6 +48,8 @@ from typing import Any, Final, Literal
 import httpx
 
 from contracts import spool
+from contracts.directive import DEFAULT_LLDS_LAMBDA as DEFAULT_LLDS_LAMBDA  # re-exported
+from contracts.directive import Directive, LLDSDirective, parse_directive
 from contracts.spool import Outcome, RunIdentity, SpoolEntry
 from trainer_hooks._batching import Kind, Record, build_bodies, dumps
 from trainer_hooks._transport import HttpSession, Reply, RetryPolicy
@@ -55,47 +57,12 @@ from trainer_hooks._warn import WarnOnce, logger
 
 __all__ = ["ClientStats", "Directive", "LLDSDirective", "MonitorClient", "RetryPolicy"]
 
-DEFAULT_LLDS_LAMBDA: Final = 0.2
-"""The service's default LLDS weight (lld-reference.md section 4)."""
 DEFAULT_SPOOL_ROOT: Final = Path("~/.lldmon/spool")
 _REPLAY_SLICE_S: Final = 2.0
 """Longest stretch of spool replay before the sender drains its queue again."""
 _WAKE: Final = object()
 
 RunStatus = Literal["finished", "failed", "crashed"]
-
-
-@dataclass(frozen=True)
-class LLDSDirective:
-    enabled: bool = False
-    lam: float = DEFAULT_LLDS_LAMBDA
-
-
-@dataclass(frozen=True)
-class Directive:
-    """What the service wants the trainer to do now (the latest one an acknowledgement carried)."""
-
-    llds: LLDSDirective = field(default_factory=LLDSDirective)
-    version: int = 0
-    reason: str = "default"
-    source: str = "default"
-    step: int | None = None
-
-    @classmethod
-    def from_wire(cls, data: Any) -> Directive | None:
-        """Parse the `directive` object of an ingest acknowledgement; None if malformed."""
-        try:
-            llds = data["llds"]
-            step = data.get("step")
-            return cls(
-                llds=LLDSDirective(enabled=bool(llds["enabled"]), lam=float(llds["lam"])),
-                version=int(data["version"]),
-                reason=str(data.get("reason", "")),
-                source=str(data.get("source", "")),
-                step=int(step) if step is not None else None,
-            )
-        except (KeyError, TypeError, ValueError, AttributeError):
-            return None
 
 
 @dataclass(frozen=True)
@@ -229,6 +196,37 @@ class MonitorClient:
             self._thread = None
             self.enabled = False
             self._warn("start", "lldmon: client disabled, cannot start its thread: %s", exc)
+
+    @classmethod
+    def from_env(
+        cls,
+        run: str | None = None,
+        *,
+        project: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        environ: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> MonitorClient:
+        """A client configured like the trackers people know (W&B's `WANDB_*`): from the environment.
+
+        `LLDMON_URL` (default "http://127.0.0.1:8000"), `LLDMON_TOKEN`, `LLDMON_PROJECT` and
+        `LLDMON_RUN` fill what the arguments leave unset (an argument wins over the environment).
+        Without any run name the run is called "run-<UTC time>-<pid>". Other keyword arguments go to
+        the constructor.
+        """
+        env = os.environ if environ is None else environ
+        url = env.get("LLDMON_URL", "").strip() or "http://127.0.0.1:8000"
+        run_name = run or env.get("LLDMON_RUN", "").strip()
+        if not run_name:
+            run_name = f"run-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{os.getpid()}"
+        kwargs.setdefault("token", env.get("LLDMON_TOKEN", "").strip() or None)
+        return cls(
+            url,
+            run_name,
+            project=project or env.get("LLDMON_PROJECT", "").strip() or None,
+            config=config,
+            **kwargs,
+        )
 
     # ------------------------------------------------------------------------------------ public API
 
@@ -612,7 +610,7 @@ class MonitorClient:
             self._set_directive(reply.data)
 
     def _set_directive(self, data: Any) -> None:
-        directive = Directive.from_wire(data)
+        directive = parse_directive(data)
         if directive is not None:
             with self._lock:
                 self._directive = directive

@@ -205,6 +205,8 @@ __all__ = [
     "LLDMonitorCallback",
     "MetricSink",
     "MonitoredGRPOTrainer",
+    "auto_anchor_size",
+    "auto_probe_size",
     "map_trl_logs",
 ]
 
@@ -246,6 +248,7 @@ clip_ratio/low_mean, rewards/<func>/mean, tools/*, eval_* keys, train_runtime, .
 its own name. One metric is derived: `search/valid_per_traj` = `tools/call_frequency` *
 (1 - `tools/failure_frequency`), the mean number of tool calls per trajectory that did not fail.
 """
+
 
 def map_trl_logs(logs: Mapping[str, object]) -> dict[str, float]:
     """Canonical-name metrics from one TRL/transformers `logs` dict.
@@ -415,6 +418,24 @@ _MULTIMODAL_KEYS: Final = (
 )
 
 
+def _rows_per_step(args: Any) -> int:
+    """Rows trained per optimizer step on this process (8 when `args` is not a GRPOConfig yet)."""
+    try:
+        return int(args.per_device_train_batch_size) * int(args.gradient_accumulation_steps)
+    except (AttributeError, TypeError, ValueError):
+        return 8
+
+
+def auto_probe_size(rows_per_step: int) -> int:
+    """Default probe size: a quarter of the rows trained per optimizer step, clamped to [2, 8]."""
+    return min(max(rows_per_step // 4, 2), 8)
+
+
+def auto_anchor_size(rows_per_step: int) -> int:
+    """Default anchor-set size K: the rows trained per optimizer step, clamped to [8, 32]."""
+    return min(max(rows_per_step, 8), M.DEFAULT_ANCHOR_SIZE)
+
+
 class _FromEnv:
     """Sentinel default of `lldmon_sink`: build the sink from the environment (`LLDMON_URL`, ...)."""
 
@@ -465,14 +486,17 @@ class MonitoredGRPOTrainer(GRPOTrainer):
     Args:
         lldmon_sink: where to send metrics and action records (`MonitorClient` or any
             `MetricSink`); None switches all monitoring off (plain GRPOTrainer, no overhead).
-        probe_size: rows of the last rollout batch re-scored after an update (0: probe off).
-        probe_interval: probe every this many optimizer steps (0: probe off). The default (8 rows
-            every step) is one no-grad forward over 8 sequences per optimizer step, which itself
-            generates, scores and trains on its whole batch; `benchmarks/hooks.py` measures the cost.
+        probe_size: rows of the last rollout batch re-scored after an update (0: probe off). None
+            (default): `auto_probe_size(R)` = R / 4 clamped to [2, 8], R = rows trained per
+            optimizer step on this process (per_device_train_batch_size * gradient_accumulation_steps),
+            so the probe's no-grad forward stays a small share of a step that generates, scores and
+            trains R rows (`benchmarks/hooks.py` measures it).
+        probe_interval: probe every this many optimizer steps (0: probe off; default: every step).
         success_threshold: a response is "correct" when its reward (weighted sum over reward
             functions, as TRL logs it) is >= this; None switches the `correct` metrics and the
             anchor set off.
-        anchor_size: K, correct responses frozen into the anchor set (0: off).
+        anchor_size: K, correct responses frozen into the anchor set (0: off). None (default):
+            `auto_anchor_size(R)` = R clamped to [8, 32] (32 from 32 rows per step on).
         anchor_interval: N, re-score the anchor set every N optimizer steps (0: off).
         max_action_records: cap on action records per step and source (uniform subsample).
         lld_eps: decrease threshold: an action/trajectory counts as decreased when D < lld_eps.
@@ -510,13 +534,13 @@ class MonitoredGRPOTrainer(GRPOTrainer):
         self,
         *args: Any,
         lldmon_sink: MetricSink | None | _FromEnv = _FROM_ENV,
-        probe_size: int = 8,
+        probe_size: int | None = None,
         probe_interval: int = 1,
         max_action_records: int = 256,
         lld_eps: float = 0.0,
         probe_seed: int = 0,
         success_threshold: float | None = M.DEFAULT_SUCCESS_THRESHOLD,
-        anchor_size: int = M.DEFAULT_ANCHOR_SIZE,
+        anchor_size: int | None = None,
         anchor_interval: int = M.DEFAULT_ANCHOR_INTERVAL,
         flush_timeout: float = 30.0,
         llds: str | None = None,
@@ -531,6 +555,10 @@ class MonitoredGRPOTrainer(GRPOTrainer):
         sapo_normalize: str = "preserving_tokens",
         **kwargs: Any,
     ) -> None:
+        config = kwargs.get("args", args[2] if len(args) > 2 else None)  # GRPOTrainer(model, reward_funcs, args)
+        rows = _rows_per_step(config)
+        probe_size = auto_probe_size(rows) if probe_size is None else probe_size
+        anchor_size = auto_anchor_size(rows) if anchor_size is None else anchor_size
         for name, value in (
             ("probe_size", probe_size),
             ("probe_interval", probe_interval),
@@ -543,7 +571,7 @@ class MonitoredGRPOTrainer(GRPOTrainer):
         if success_threshold is not None and not math.isfinite(float(success_threshold)):
             raise ValueError(f"success_threshold must be a finite number or None, got {success_threshold!r}")
         if isinstance(lldmon_sink, _FromEnv):
-            lldmon_sink = _sink_from_env(kwargs.get("args"))
+            lldmon_sink = _sink_from_env(config)
         llds_settings = RegularizerSettings.build(
             llds=llds,
             llds_lambda=llds_lambda,

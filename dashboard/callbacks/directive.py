@@ -12,9 +12,10 @@ from typing import Any
 from dash import Dash, Input, Output, State, no_update
 from dash import ctx as dash_ctx
 
+from contracts.directive import DEFAULT_LLDS_LAMBDA
 from dashboard.auth import current_principal
 from dashboard.callbacks.base import DashContext, error_text
-from monitor.domain import DEFAULT_LLDS_LAMBDA, Principal
+from monitor.domain import Principal
 from monitor.errors import LLDMonError
 
 

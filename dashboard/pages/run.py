@@ -180,12 +180,12 @@ def actions_card() -> Component:
                                 id="action-source",
                                 options=[
                                     {"label": "all", "value": "all"},
-                                    {"label": "loss", "value": "loss"},
-                                    {"label": "probe", "value": "probe"},
+                                    {"label": "loss (in-loss proxy)", "value": "loss"},
+                                    {"label": "probe (exact)", "value": "probe"},
                                 ],
                                 value="all",
                                 clearable=False,
-                                style={"width": "120px"},
+                                style={"width": "190px"},
                             ),
                         ]
                     ),

@@ -7,8 +7,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from contracts.directive import DEFAULT_LLDS_LAMBDA
 from monitor.api.unicode import invalid_text_path
-from monitor.domain import DEFAULT_LLDS_LAMBDA, AlertInfo, DirectiveInfo, IngestAck, PhaseEventInfo, RunInfo
+from monitor.domain import AlertInfo, DirectiveInfo, IngestAck, PhaseEventInfo, RunInfo
 
 Name = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00]+$")]
 ProjectName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00]+$")]

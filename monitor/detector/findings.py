@@ -14,6 +14,7 @@ no advantage and hence no policy gradient, which is why that run stagnates; the 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Final
@@ -127,10 +128,39 @@ def _held_baseline(
     lasting collapse is not absorbed into its own baseline)."""
     record = state.active.get(kind)
     if record is not None:
-        held = record["evidence"].get("baseline")
-        if isinstance(held, (int, float)):
+        evidence = record["evidence"]
+        per_metric = evidence.get("baselines")
+        if isinstance(per_metric, dict):  # a finding over several metrics (KL_BLOWUP)
+            held = per_metric.get(metric)
+        else:
+            held = evidence.get("baseline") if evidence.get("metric", metric) == metric else None
+        if isinstance(held, (int, float)) and not isinstance(held, bool):
             return float(held)
     return _baseline(h, metric, cfg, absolute)
+
+
+KL_METRICS: Final = (M.KL_REF, M.KL_OLD)
+"""Two different quantities (lld-reference.md section 5), each judged against its own baseline."""
+
+
+def _kl_blowup(h: History, cfg: DetectorConfig, state: DetectorState) -> Indicator:
+    """KL to the reference policy (`kl/ref`) or from the old policy (`kl/old`) far above its own baseline:
+    the first that fired, else the first with data. Its evidence holds every baseline (`baselines`), so
+    that each is held while the finding is active."""
+    indicators: list[Indicator] = []
+    baselines: dict[str, float | None] = {}
+    for metric in KL_METRICS:
+        base = _held_baseline(h, KL_BLOWUP, metric, cfg, state, absolute=True)
+        limit = cfg.kl_blowup_abs
+        if math.isfinite(base):
+            limit = max(limit, cfg.kl_blowup_factor * base)
+        finite_base = base if math.isfinite(base) else None
+        baselines[metric] = num(finite_base)
+        indicators.append(_median_rule(h, KL_BLOWUP, metric, cfg, limit, "above", finite_base))
+    chosen = next((i for i in indicators if i.fired), None)
+    if chosen is None:
+        chosen = next((i for i in indicators if i.statistic is not None), indicators[0])
+    return dataclasses.replace(chosen, detail={**chosen.detail, "baselines": baselines})
 
 
 def terminal_indicators(h: History, cfg: DetectorConfig, state: DetectorState) -> dict[str, Indicator]:
@@ -154,13 +184,7 @@ def terminal_indicators(h: History, cfg: DetectorConfig, state: DetectorState) -
     out[RATIO_BLOWUP] = (
         high if high.fired else _median_rule(h, RATIO_BLOWUP, M.RATIO_POS_MEAN, cfg, cfg.ratio_low, "below")
     )
-    base_kl = _held_baseline(h, KL_BLOWUP, M.KL, cfg, state, absolute=True)
-    kl_limit = cfg.kl_blowup_abs
-    if math.isfinite(base_kl):
-        kl_limit = max(kl_limit, cfg.kl_blowup_factor * base_kl)
-    out[KL_BLOWUP] = _median_rule(
-        h, KL_BLOWUP, M.KL, cfg, kl_limit, "above", base_kl if math.isfinite(base_kl) else None
-    )
+    out[KL_BLOWUP] = _kl_blowup(h, cfg, state)
     out[GARBLED_OUTPUTS] = _median_rule(h, GARBLED_OUTPUTS, M.GARBLED_FRAC, cfg, cfg.garbled_max, "above")
     return out
 
@@ -176,7 +200,7 @@ MESSAGES: Final = {
     LENGTH_COLLAPSE: "Response length collapsed far below its baseline.",
     CLIP_RATIO_SATURATED: "Almost every response hits the length limit (clip ratio ~1).",
     RATIO_BLOWUP: "Importance ratios of correct-response tokens left the trust region.",
-    KL_BLOWUP: "KL divergence blew up.",
+    KL_BLOWUP: "KL divergence blew up (to the reference policy, kl/ref, or from the old policy, kl/old).",
     GARBLED_OUTPUTS: "A large share of responses is garbled (perplexity >= 50).",
     ENTROPY_COLLAPSE: "Entropy collapse: entropy slid toward 0 while the reward plateaus (exploration is gone).",
     ADVANTAGE_COLLAPSE: "Advantage collapse: most groups have zero reward variance, so most of the batch "

@@ -179,7 +179,7 @@ def collapse_scenario(seed: int) -> Scenario:
         M.GRAD_NORM: grad,
         M.ENTROPY_MEAN: entropy,
         M.LOSS: rng.normal(0, 0.02, n) * np.sqrt(g_growth),
-        M.KL: kl,
+        M.KL_OLD: kl,  # old -> new policy (verl actor/ppo_kl): grows with the gradient
         M.CLIP_FRAC: rng.uniform(0.001, 0.005) * np.minimum(g_growth, 10) * (1 + rng.normal(0, 0.2, n)),
         M.RESPONSE_LENGTH_MEAN: rng.uniform(150, 500) * (1 + rng.normal(0, 0.03, n)),
         M.RESPONSE_CLIP_RATIO: np.clip(rng.uniform(0, 0.05) + rng.normal(0, 0.01, n), 0, 1),
@@ -317,7 +317,7 @@ def _common(
         M.GRAD_NORM: grad,
         M.ENTROPY_MEAN: entropy,
         M.LOSS: rng.normal(0, 0.02, n),
-        M.KL: np.abs(rng.uniform(0.001, 0.005) * (1 + rng.normal(0, 0.3, n))),
+        M.KL_OLD: np.abs(rng.uniform(0.001, 0.005) * (1 + rng.normal(0, 0.3, n))),
         M.CLIP_FRAC: np.abs(rng.uniform(0.001, 0.005) * (1 + rng.normal(0, 0.3, n))),
         M.RESPONSE_LENGTH_MEAN: rng.uniform(100, 500)
         * (1 + rng.normal(0, 0.03, n) + 0.1 * np.sin(np.arange(n) / 60)),

@@ -7,7 +7,7 @@ grad norm is told apart from a missing one), and the malformed lines met (file, 
 """
 
 from monitor.importers.detect import AUTO, FORMATS, detect_format, resolve_format
-from monitor.importers.names import TRL_NAMES, VERL_NAMES, canonical_name
+from monitor.importers.names import TRL_NAMES, VERL_NAMES
 from monitor.importers.parsed import ParsedLog, merge_records, to_columns
 from monitor.importers.reading import Diagnostic, Diagnostics, LogImportError, MalformedLog, ProgressCallback
 from monitor.importers.registry import input_files, load_log
@@ -29,7 +29,6 @@ __all__ = [
     "MalformedLog",
     "ParsedLog",
     "ProgressCallback",
-    "canonical_name",
     "detect_format",
     "input_files",
     "load_log",

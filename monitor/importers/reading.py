@@ -17,8 +17,16 @@ from typing import Final
 import numpy as np
 
 from contracts.metrics import MAX_METRIC_NAME_LENGTH
-from monitor.importers.names import TRL_NAMES, VERL_NAMES, VERL_PREFERRED
-from monitor.importers.parsed import FileColumns, ParsedLog, Paths, as_path_list, merge_columns
+from contracts.trainer_keys import Family
+from monitor.importers.parsed import (
+    FileColumns,
+    FloatArray,
+    IntArray,
+    ParsedLog,
+    Paths,
+    as_path_list,
+    merge_columns,
+)
 
 ProgressCallback = Callable[[int], None]
 """Called with the number of bytes read since the previous call (to advance a progress bar)."""
@@ -154,49 +162,23 @@ def name_problem(name: str) -> str | None:
     return None
 
 
-def verl_name(raw: str) -> str:
-    """verl console / JSONL names -> canonical."""
-    return VERL_NAMES.get(raw, raw)
-
-
-def trl_name(raw: str) -> str:
-    """TRL `Trainer.log` names -> canonical."""
-    return TRL_NAMES.get(raw, raw)
-
-
-TRACKER_PREFIX: Final = "train/"
-"""transformers' W&B / TensorBoard callbacks log training scalars as `train/<name>` (`rewrite_logs`)."""
-
-
-def tracker_name(raw: str) -> str:
-    """Names in a tracker (W&B, TensorBoard) written by either trainer: verl's own names, or TRL's under
-    `train/`. Anything else keeps its name (`eval/...`, `timing/...`)."""
-    if raw in VERL_NAMES:
-        return VERL_NAMES[raw]
-    if raw.startswith(TRACKER_PREFIX) and raw[len(TRACKER_PREFIX) :] in TRL_NAMES:
-        return TRL_NAMES[raw[len(TRACKER_PREFIX) :]]
-    return raw
-
-
 class StepRecords:
-    """The values of one file under canonical names, appended to flat arrays as they are read.
+    """The values of one file per trainer key, appended to flat arrays as they are read, and put under
+    canonical names at the end by the trainer family's contract (`contracts.trainer_keys`), the one the
+    live adapters use too.
 
-    A step logged on several lines is merged (the later line wins per metric), except that a preferred
-    trainer name (verl's `actor/entropy`) wins over an older alias of the same canonical name at the same
-    step. A step exists only once a value was added, so a later file's empty line cannot wipe a step.
+    A step logged on several lines is merged first (the later line wins per key), then mapped as one
+    dict, so precedence between keys of one step (verl's `actor/entropy` over `actor/entropy_loss`) and
+    derived metrics (TRL's valid searches, lldmon's re-assembled verl loss metrics) are the adapters'.
+    Keys the contract maps on their own (`Family.row_keys`: most of them) are mapped column-wise; only the
+    others go through `Family.canonical` step by step. A step exists only once a value was added, so a
+    later file's empty line cannot wipe a step.
     """
 
-    def __init__(
-        self,
-        path: str,
-        diagnostics: Diagnostics,
-        namer: Callable[[str], str],
-        preferred: frozenset[str] = VERL_PREFERRED,
-    ) -> None:
+    def __init__(self, path: str, diagnostics: Diagnostics, family: Family) -> None:
         self.path = path
         self.diagnostics = diagnostics
-        self.namer = namer
-        self.preferred = preferred
+        self.family = family
         self._columns: dict[str, _RawColumn] = {}
         self._problems: dict[str, str] = {}
         self._seq = 0
@@ -207,13 +189,12 @@ class StepRecords:
             if raw_name in self._problems:
                 self.diagnostics.report(self.path, line, self._problems[raw_name])
                 return
-            name = self.namer(raw_name)
-            problem = name_problem(name)
+            problem = name_problem(raw_name)
             if problem is not None:
                 self._problems[raw_name] = problem
                 self.diagnostics.report(self.path, line, problem)
                 return
-            column = self._columns[raw_name] = _RawColumn(name, raw_name in self.preferred)
+            column = self._columns[raw_name] = _RawColumn()
         column.steps.append(step)
         column.values.append(value)
         column.seq.append(self._seq)
@@ -224,19 +205,31 @@ class StepRecords:
             self.add(step, line, raw_name, value)
 
     def columns(self) -> FileColumns:
-        by_name: dict[str, list[_RawColumn]] = {}
-        for column in self._columns.values():
-            by_name.setdefault(column.name, []).append(column)
-        series = {}
-        for name, raws in by_name.items():
-            steps = np.concatenate([np.frombuffer(c.steps, dtype=np.int64) for c in raws])
-            values = np.concatenate([np.frombuffer(c.values, dtype=np.float64) for c in raws])
-            seq = np.concatenate([np.frombuffer(c.seq, dtype=np.int64) for c in raws])
-            rank = np.concatenate([np.full(len(c.steps), c.preferred, dtype=np.int8) for c in raws])
-            order = np.lexsort((seq, rank, steps))  # by step, then preferred last, then logged last
+        raw: dict[str, tuple[IntArray, FloatArray]] = {}
+        for key, column in self._columns.items():
+            steps = np.frombuffer(column.steps, dtype=np.int64)
+            values = np.frombuffer(column.values, dtype=np.float64)
+            seq = np.frombuffer(column.seq, dtype=np.int64)
+            order = np.lexsort((seq, steps))  # by step, then logged last
             steps, values = steps[order], values[order]
             last = np.append(steps[1:] != steps[:-1], True)
-            series[name] = (steps[last], values[last])
+            raw[key] = (steps[last], values[last])
+        row_keys = self.family.row_keys(raw)
+        series = {key: columns for key, columns in raw.items() if key not in row_keys}
+        if row_keys:
+            rows: dict[int, dict[str, float]] = {}
+            for key in row_keys:
+                steps, values = raw[key]
+                for step, value in zip(steps.tolist(), values.tolist(), strict=True):
+                    rows.setdefault(step, {})[key] = value
+            out: dict[str, tuple[list[int], list[float]]] = {}
+            for step in sorted(rows):
+                for name, value in self.family.canonical(rows[step]).items():
+                    steps_out, values_out = out.setdefault(name, ([], []))
+                    steps_out.append(step)
+                    values_out.append(value)
+            for name, (steps_out, values_out) in out.items():
+                series[name] = (np.array(steps_out, dtype=np.int64), np.array(values_out, dtype=np.float64))
         return FileColumns(series)
 
     @property
@@ -246,13 +239,11 @@ class StepRecords:
 
 
 class _RawColumn:
-    """What one trainer name logged in one file, in the order read."""
+    """What one trainer key logged in one file, in the order read."""
 
-    __slots__ = ("name", "preferred", "seq", "steps", "values")
+    __slots__ = ("seq", "steps", "values")
 
-    def __init__(self, name: str, preferred: bool) -> None:
-        self.name = name
-        self.preferred = preferred
+    def __init__(self) -> None:
         self.steps = array("q")
         self.values = array("d")
         self.seq = array("q")

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Final
 
+from contracts.trainer_keys import TRACKER
 from monitor.importers.parsed import FileColumns, ParsedLog, Paths, as_path_list, merge_columns
 from monitor.importers.reading import (
     Diagnostics,
@@ -22,7 +23,6 @@ from monitor.importers.reading import (
     ProgressCallback,
     StepRecords,
     parse_number,
-    tracker_name,
 )
 
 EVENT_FILE_MARKER: Final = "tfevents"
@@ -66,7 +66,7 @@ def parse_event_file(
 ) -> FileColumns:
     """Step records (canonical names) of one event file."""
     loader_cls, event_pb2, tensor_util = _tensorboard()
-    records = StepRecords(path, diagnostics, tracker_name)
+    records = StepRecords(path, diagnostics, TRACKER)
     scalar_tags: set[str] = set()
     size = os.path.getsize(path)
     consumed = 0

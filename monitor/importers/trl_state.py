@@ -19,6 +19,7 @@ import os
 import re
 from typing import Final
 
+from contracts.trainer_keys import TRL
 from monitor.importers.parsed import FileColumns, ParsedLog, Paths
 from monitor.importers.reading import (
     Diagnostics,
@@ -29,7 +30,6 @@ from monitor.importers.reading import (
     parse_number,
     parse_step,
     short,
-    trl_name,
 )
 
 _LOG_HISTORY: Final = re.compile(r'"log_history"\s*:\s*\[')
@@ -64,7 +64,7 @@ def parse_trl_state_file(
     found = _LOG_HISTORY.search(text)
     if found is None:
         raise LogImportError(f'{path}: no "log_history" list: not a trainer_state.json')
-    records = StepRecords(path, diagnostics, trl_name)
+    records = StepRecords(path, diagnostics, TRL)
     lines = _LineCounter(text)
     decoder = json.JSONDecoder()
     pos = found.end()

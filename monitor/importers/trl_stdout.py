@@ -24,6 +24,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from contracts.trainer_keys import TRL
 from monitor.importers.parsed import FileColumns, ParsedLog, Paths, as_path_list, merge_columns
 from monitor.importers.reading import (
     Diagnostics,
@@ -34,7 +35,6 @@ from monitor.importers.reading import (
     parse_number,
     short,
     text_lines,
-    trl_name,
 )
 
 _DICT: Final = re.compile(r"\{'[^{}]*\}")
@@ -79,7 +79,7 @@ def parse_trl_lines(
     lines: Iterable[Line], path: str, diagnostics: Diagnostics, first_step: int = 1
 ) -> FileColumns:
     """Step records (canonical names) of one stdout capture."""
-    records = StepRecords(path, diagnostics, trl_name)
+    records = StepRecords(path, diagnostics, TRL)
     step = first_step - 1
     for line in lines:
         if "{'" not in line.text:

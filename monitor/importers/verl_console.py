@@ -16,6 +16,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from contracts.trainer_keys import VERL
 from monitor.importers.parsed import FileColumns, ParsedLog, Paths
 from monitor.importers.reading import (
     Diagnostics,
@@ -27,7 +28,6 @@ from monitor.importers.reading import (
     parse_number,
     short,
     text_lines,
-    verl_name,
 )
 
 _ANSI: Final = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -62,7 +62,7 @@ def parse_verl_line(line: str) -> tuple[int, dict[str, float]] | None:
 
 def parse_verl_lines(lines: Iterable[Line], path: str, diagnostics: Diagnostics) -> FileColumns:
     """Step records (canonical names) of one console log."""
-    records = StepRecords(path, diagnostics, verl_name)
+    records = StepRecords(path, diagnostics, VERL)
     for line in lines:
         if "step:" not in line.text:
             continue

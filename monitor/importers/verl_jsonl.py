@@ -15,6 +15,7 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Final
 
+from contracts.trainer_keys import VERL
 from monitor.importers.parsed import FileColumns, ParsedLog, Paths
 from monitor.importers.reading import (
     Diagnostics,
@@ -25,7 +26,6 @@ from monitor.importers.reading import (
     parse_number,
     parse_step,
     short,
-    verl_name,
 )
 
 STEP_KEY: Final = "step"
@@ -45,7 +45,7 @@ def parse_verl_jsonl_file(
     path: str, diagnostics: Diagnostics, progress: ProgressCallback | None = None
 ) -> FileColumns:
     """Step records (canonical names) of one JSONL file."""
-    records = StepRecords(path, diagnostics, verl_name)
+    records = StepRecords(path, diagnostics, VERL)
     for line in iter_lines(path, progress):
         if not line.text.strip():
             continue

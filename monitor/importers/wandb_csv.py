@@ -17,6 +17,7 @@ import csv
 from collections.abc import Iterator
 from typing import Final
 
+from contracts.trainer_keys import TRACKER
 from monitor.importers.parsed import FileColumns, ParsedLog, Paths
 from monitor.importers.reading import (
     PROGRESS_EVERY,
@@ -28,7 +29,6 @@ from monitor.importers.reading import (
     parse_number,
     parse_step,
     short,
-    tracker_name,
 )
 
 STEP_COLUMNS: Final = ("train/global_step", "_step")
@@ -74,7 +74,7 @@ def parse_wandb_csv_file(
         for i, name in enumerate(header)
         if name and not name.startswith("_") and name not in STEP_COLUMNS
     ]
-    records = StepRecords(path, diagnostics, tracker_name)
+    records = StepRecords(path, diagnostics, TRACKER)
     line = reader.line_num + 1  # where the next record starts
     while True:
         try:

@@ -2,7 +2,7 @@
 
 Manual directives win: once a person set the directive, the detector never changes it again.
 If the run is still in the trigger phase `escalate_after` steps after LLDS was switched on, lambda
-is raised once to `lambda_max` (the paper uses 0.2, and 0.3 for the 7B model; 0.01 only delays
+is raised once to `lambda_max` (the paper uses 0.2, `DEFAULT_LLDS_LAMBDA`, and 0.3 for the 7B model; 0.01 only delays
 collapse, lld-reference.md section 4).
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from contracts.directive import DEFAULT_LLDS_LAMBDA
 from monitor.domain import DirectiveInfo
 
 SLIDING = {"decay": ("decay", "collapse"), "collapse": ("collapse",)}
@@ -18,7 +19,7 @@ SLIDING = {"decay": ("decay", "collapse"), "collapse": ("collapse",)}
 @dataclass(frozen=True)
 class DirectiveRule:
     trigger_phase: str = "decay"
-    lam: float = 0.2
+    lam: float = DEFAULT_LLDS_LAMBDA
     lam_max: float = 0.3
     escalate_after: int = 40
 

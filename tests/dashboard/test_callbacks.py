@@ -263,13 +263,13 @@ def test_compare_runs(client: TestClient, state: AppState, collapsed: int) -> No
     assert grad.layout.yaxis.type == "log"
     assert [s.name for s in reward.layout.shapes] == [f"collapse:grpo-3b (#{collapsed})"]
     notes, available = compare_options(state, OPEN, [collapsed, other])
-    assert notes == [] and M.LOGP_POS in available and M.KL in available
+    assert notes == [] and M.LOGP_POS in available and M.KL_OLD in available
     notes, _ = compare_options(state, OPEN, [collapsed, 999, other, collapsed + 100, other + 100])
     assert "showing the first 4 runs" in notes and any(n.startswith("run 999: 404") for n in notes)
     assert "pick 2 to 4 runs to compare" in compare_options(state, OPEN, [collapsed])[0]
     unknown = go.Figure(compare_metric_figure(state, OPEN, [collapsed, 999], M.REWARD_MEAN))
     assert len(unknown.data) == 1
-    assert [c.children.id for c in graph_slots([M.KL])] == [{"type": "compare-graph", "metric": M.KL}]
+    assert [c.children.id for c in graph_slots([M.KL_OLD])] == [{"type": "compare-graph", "metric": M.KL_OLD}]
 
 
 def test_pages_by_url(client: TestClient, dctx: DashContext, state: AppState, collapsed: int) -> None:

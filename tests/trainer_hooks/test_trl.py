@@ -662,6 +662,7 @@ def test_default_schedule_and_logging_deliver_every_step(tmp_path: Path) -> None
     assert sorted(set(sink.series(M.DELTA_TRAJ_POS)) | set(sink.series(M.DELTA_TRAJ_NEG))) == every
     assert len(sink.series(M.LOGP_CORRECT)) >= steps - 1  # a batch may have no correct answer
     assert sorted(sink.series(M.ANCHOR_LOGP)) == [5]  # anchor_interval defaults to 5
+    assert trainer.lldmon_probe_size == 2 and trainer.lldmon_anchors is not None  # 4 rows per step
     assert len(set(sink.series(M.ADV_POS_NEG_MASS_RATIO).values())) > 1
     assert not XMB_DELTAS & sink.names()  # on-policy: no cross-mini-batch drift exists
     # TRL's window means never overwrite the per-step values
@@ -708,3 +709,12 @@ def test_sink_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     finally:
         sink.close(timeout=1)
     assert MonitoredGRPOTrainer(**kwargs, lldmon_sink=None).lldmon_sink is None
+
+
+@pytest.mark.parametrize(
+    ("rows", "probe", "anchors"), [(1, 2, 8), (8, 2, 8), (16, 4, 16), (32, 8, 32), (256, 8, 32)]
+)
+def test_auto_sizes_follow_rows_per_step(rows: int, probe: int, anchors: int) -> None:
+    from trainer_hooks.trl import auto_anchor_size, auto_probe_size
+
+    assert auto_probe_size(rows) == probe and auto_anchor_size(rows) == anchors

@@ -98,12 +98,12 @@ def test_resumed_run_overwrites_overlapping_steps(client: TestClient) -> None:
 def test_step_repeated_inside_one_batch_keeps_the_later_value(client: TestClient) -> None:
     run_id = new_run(client)
     response = post_metrics(
-        client, run_id, metrics_batch([1, 1, 2], {"loss": [1.0, 2.0, 3.0], "kl": [0.1, None, 0.2]})
+        client, run_id, metrics_batch([1, 1, 2], {"loss": [1.0, 2.0, 3.0], "kl/ref": [0.1, None, 0.2]})
     )
     assert response.status_code == 200
     series = history(client, run_id)
     assert series["loss"] == {"steps": [1, 2], "values": [2.0, 3.0]}
-    assert series["kl"] == {"steps": [1, 2], "values": [0.1, 0.2]}
+    assert series["kl/ref"] == {"steps": [1, 2], "values": [0.1, 0.2]}
 
 
 def test_gzip_body_is_accepted(client: TestClient) -> None:

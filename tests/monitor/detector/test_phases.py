@@ -59,7 +59,8 @@ def base(n: int, seed: int = 0, hooks: bool = False) -> Series:
         M.ENTROPY_MEAN: 0.5 * (1 + rng.normal(0, 0.02, n)),
         M.RESPONSE_LENGTH_MEAN: 300 * (1 + rng.normal(0, 0.03, n)),
         M.RESPONSE_CLIP_RATIO: np.abs(rng.normal(0.02, 0.005, n)),
-        M.KL: np.abs(rng.normal(0.002, 0.0005, n)),
+        M.KL_OLD: np.abs(rng.normal(0.002, 0.0005, n)),
+        M.KL_REF: np.abs(np.random.default_rng(seed + 1000).normal(0.01, 0.002, n)),
         M.LOSS: rng.normal(0, 0.02, n),
     }
     if hooks:
@@ -264,7 +265,8 @@ def test_nan_in_unused_or_empty_metrics_does_not_crash() -> None:
     values["timing/gen"] = np.full(120, np.nan)
     values[M.SEARCH_VALID_PER_TRAJ] = np.where(np.arange(120) % 3 == 0, np.nan, np.inf)
     values[M.ENTROPY_MEAN] = np.full(120, np.nan)
-    values[M.KL] = np.full(120, -np.inf)
+    values[M.KL_OLD] = np.full(120, -np.inf)
+    values[M.KL_REF] = np.full(120, np.nan)
     values[M.FRAC_TRAJ_DECREASED_POS][::2] = np.nan
     present = {k: np.ones(120, dtype=bool) for k in values}
     result = run(values, present)  # warnings are errors in pytest: no RuntimeWarning either
@@ -293,7 +295,8 @@ def step_change(metric: str, before: float, after: float, at: int = 100, n: int 
         (CLIP_RATIO_SATURATED, M.RESPONSE_CLIP_RATIO, 0.03, 0.97),
         (RATIO_BLOWUP, M.RATIO_POS_MEAN, 1.0, 3.0),
         (RATIO_BLOWUP, M.RATIO_POS_MEAN, 1.0, 0.3),
-        (KL_BLOWUP, M.KL, 0.002, 0.5),
+        (KL_BLOWUP, M.KL_OLD, 0.002, 0.5),
+        (KL_BLOWUP, M.KL_REF, 0.01, 0.8),
         (GARBLED_OUTPUTS, M.GARBLED_FRAC, 0.01, 0.6),
     ],
 )
@@ -305,6 +308,20 @@ def test_terminal_signatures(kind: str, metric: str, before: float, after: float
     assert finding.severity == "critical" and finding.evidence["metric"] == metric
     # the same values without the change: nothing
     assert kind not in run(step_change(metric, before, before)).kinds()
+
+
+def test_kl_blowup_judges_each_kl_against_its_own_baseline() -> None:
+    values = base(140, 13)
+    values[M.KL_REF] = 0.3 * (1 + np.random.default_rng(3).normal(0, 0.02, 140))  # high, but its normal
+    assert KL_BLOWUP not in run(values).kinds()
+    values[M.KL_OLD] = np.where(np.arange(140) < 100, 0.002, 0.5)
+    result = run(values)
+    ((first, last),) = spans(result, KL_BLOWUP)
+    assert 100 <= first <= 100 + CFG.terminal_window and last == 139
+    evidence = next(f for f in result.findings if f.kind == KL_BLOWUP).evidence
+    assert evidence["metric"] == M.KL_OLD
+    assert evidence["baselines"][M.KL_REF] == pytest.approx(0.3, rel=0.05)
+    assert evidence["baselines"][M.KL_OLD] == pytest.approx(0.002, rel=0.05)
 
 
 def test_reward_to_zero() -> None:

@@ -71,7 +71,7 @@ def test_degraded_variant_has_no_hook_metrics() -> None:
     d = s.without_hooks()
     assert s.hooks and not d.hooks and d.name.endswith("-degraded")
     assert not set(d.values) & set(HOOK_ONLY_METRICS)
-    assert {M.REWARD_MEAN, M.GRAD_NORM, M.ENTROPY_MEAN, M.KL, M.CLIP_FRAC, M.RESPONSE_LENGTH_MEAN} <= set(
+    assert {M.REWARD_MEAN, M.GRAD_NORM, M.ENTROPY_MEAN, M.KL_OLD, M.CLIP_FRAC, M.RESPONSE_LENGTH_MEAN} <= set(
         d.values
     )
     assert d.collapse_step == s.collapse_step and set(d.present) == set(d.values)

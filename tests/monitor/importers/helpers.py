@@ -25,8 +25,8 @@ GSM8K_VERL = REAL / "verl_data_gsm8k_ppo/Qwen2.5-0.5B-bsz256_2-prompt1024-resp51
 
 RAY = "\x1b[36m(TaskRunner pid=7283)\x1b[0m "
 
-VERL_FOR = {canonical: raw for raw, canonical in VERL_NAMES.items() if raw != "actor/entropy_loss"}
-"""Canonical name -> the name verl logs (the newer one where there are two)."""
+VERL_FOR = {canonical: raw for raw, canonical in reversed(VERL_NAMES.items())}
+"""Canonical name -> the name verl logs (the first of the table, the newer one, where there are two)."""
 
 
 def verl_line(step: int, **metrics: object) -> str:

@@ -15,7 +15,6 @@ from monitor.importers import (
     Diagnostic,
     Diagnostics,
     MalformedLog,
-    canonical_name,
     load_verl_console,
     parse_verl_console,
     read_verl_console,
@@ -31,13 +30,18 @@ def test_name_maps_cover_the_brief() -> None:
     assert VERL_NAMES["critic/score/mean"] == M.REWARD_MEAN
     assert VERL_NAMES["response_length/mean"] == M.RESPONSE_LENGTH_MEAN
     assert VERL_NAMES["response_length/clip_ratio"] == M.RESPONSE_CLIP_RATIO
-    assert VERL_NAMES["actor/ppo_kl"] == M.KL
+    assert VERL_NAMES["actor/ppo_kl"] == M.KL_OLD
+    assert VERL_NAMES["actor/kl_loss"] == M.KL_REF
+    assert VERL_NAMES["actor/loss"] == M.LOSS
+    assert VERL_NAMES["num_turns/mean"] == VERL_NAMES["training/num_turns/mean"] == M.TURNS_MEAN
+    assert VERL_NAMES["env/number_of_valid_search"] == M.SEARCH_VALID_PER_TRAJ
     assert VERL_NAMES["actor/pg_clipfrac"] == M.CLIP_FRAC
     assert TRL_NAMES["reward"] == M.REWARD_MEAN
     assert TRL_NAMES["frac_reward_zero_std"] == M.ADV_FRAC_ZERO_STD_GROUPS
     assert TRL_NAMES["completions/mean_length"] == M.RESPONSE_LENGTH_MEAN
     assert TRL_NAMES["clip_ratio/region_mean"] == M.CLIP_FRAC
-    assert canonical_name("timing/gen", VERL_NAMES) == "timing/gen"
+    assert M.KL_REF in TRL_NAMES.values() and M.KL_OLD not in TRL_NAMES.values()
+    assert "timing/gen" not in VERL_NAMES
 
 
 def test_verl_line_with_ansi_and_ray_prefix() -> None:
@@ -77,7 +81,8 @@ def test_verl_prefers_new_entropy_name() -> None:
     both = {"actor/entropy": 0.3, "actor/entropy_loss": 0.9}
     for names in (["actor/entropy", "actor/entropy_loss"], ["actor/entropy_loss", "actor/entropy"]):
         line = verl_line(5, **{name: both[name] for name in names})
-        assert parse_verl_console(line)[5][M.ENTROPY_MEAN] == 0.3
+        row = parse_verl_console(line)[5]
+        assert row[M.ENTROPY_MEAN] == 0.3 and row["actor/entropy_loss"] == 0.9  # the other keeps its name
 
 
 def test_verl_resumed_run_later_file_wins(tmp_path: Path) -> None:
@@ -141,7 +146,7 @@ def test_real_verl_gsm8k_log() -> None:
     log = load_verl_console(GSM8K_VERL)
     assert log.steps[0] == 0 and log.steps[-1] == 434 and log.steps.size == 435
     assert log.values[M.GRAD_NORM][16] == pytest.approx(65.958)  # the isolated spike of the README
-    assert {M.REWARD_MEAN, M.ENTROPY_MEAN, M.KL, M.CLIP_FRAC, M.RESPONSE_LENGTH_MEAN} <= set(log.values)
+    assert {M.REWARD_MEAN, M.ENTROPY_MEAN, M.KL_OLD, M.CLIP_FRAC, M.RESPONSE_LENGTH_MEAN} <= set(log.values)
     assert log.present["val/test_score/openai/gsm8k"][9]  # periodic validation inside the step line
     assert not log.present["val/test_score/openai/gsm8k"][0]
     assert log.diagnostics == ()
