@@ -179,6 +179,7 @@ from contracts.metrics import MAX_METRIC_NAME_LENGTH
 from contracts.trainer_keys import TRL_TO_CANONICAL as _TRL_TO_CANONICAL
 from contracts.trainer_keys import canonical_trl
 from trainer_hooks._warn import WarnOnce
+from trainer_hooks.anchors import AnchorSet
 from trainer_hooks.regularizers import LLDSStats, SAPOStats, llds_loss, sapo_kl_loss
 from trainer_hooks.trl_llds import (
     DEFAULT_ANSWER_PATTERN,
@@ -198,7 +199,6 @@ from trainer_hooks.trl_measure import (
     StepResult,
     in_loss_deltas_structurally_zero,
 )
-from trainer_hooks.anchors import AnchorSet
 
 __all__ = [
     "TRL_TO_CANONICAL",
@@ -533,7 +533,7 @@ class MonitoredGRPOTrainer(GRPOTrainer):
     def __init__(
         self,
         *args: Any,
-        lldmon_sink: MetricSink | None | _FromEnv = _FROM_ENV,
+        lldmon_sink: MetricSink | _FromEnv | None = _FROM_ENV,
         probe_size: int | None = None,
         probe_interval: int = 1,
         max_action_records: int = 256,
@@ -555,7 +555,9 @@ class MonitoredGRPOTrainer(GRPOTrainer):
         sapo_normalize: str = "preserving_tokens",
         **kwargs: Any,
     ) -> None:
-        config = kwargs.get("args", args[2] if len(args) > 2 else None)  # GRPOTrainer(model, reward_funcs, args)
+        config = kwargs.get(
+            "args", args[2] if len(args) > 2 else None
+        )  # GRPOTrainer(model, reward_funcs, args)
         rows = _rows_per_step(config)
         probe_size = auto_probe_size(rows) if probe_size is None else probe_size
         anchor_size = auto_anchor_size(rows) if anchor_size is None else anchor_size
@@ -691,9 +693,7 @@ class MonitoredGRPOTrainer(GRPOTrainer):
                 "lld/delta_* metric (Def. 4.1) will be reported%s. Set probe_size and probe_interval > 0.",
                 self.lldmon_probe_size,
                 self.lldmon_probe_interval,
-                ""
-                if self.lldmon_in_loss_deltas_zero
-                else " (only the cross-mini-batch proxy lld/xmb/*)",
+                "" if self.lldmon_in_loss_deltas_zero else " (only the cross-mini-batch proxy lld/xmb/*)",
             )
         del args
 
@@ -880,7 +880,7 @@ class MonitoredGRPOTrainer(GRPOTrainer):
             with self._lldmon_scalar_guard():
                 logs = self._lldmon_step_scalars(tr_loss, grad_norm, kwargs.get("learning_rate"))
                 callback._send(step, logs, final=False, per_step=True)
-        super()._maybe_log_save_evaluate(tr_loss, grad_norm, *args, **kwargs)  # type: ignore[no-untyped-call]
+        super()._maybe_log_save_evaluate(tr_loss, grad_norm, *args, **kwargs)
         if callback is not None and self._lldmon_scalar_guard.enabled:
             with self._lldmon_scalar_guard():
                 self._lldmon_loss_seen = float(tr_loss.item()) if isinstance(tr_loss, Tensor) else 0.0
@@ -960,7 +960,8 @@ class MonitoredGRPOTrainer(GRPOTrainer):
                 logits_to_keep,
                 batch_size=self.args.per_device_train_batch_size,
             )
-        return new.float()
+        out: Tensor = new.float()
+        return out
 
     def _lldmon_score_anchors(self, step: int, anchors: AnchorSet) -> None:
         batch = anchors.batch(self.accelerator.device)

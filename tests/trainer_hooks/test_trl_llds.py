@@ -349,7 +349,9 @@ def test_a_failing_term_never_stops_training(
         trainer.train()
     assert trainer.state.global_step == 2 and not trainer.llds_active
     messages = [
-        r.getMessage() for r in caplog.records if r.name == "lldmon.trl" and "probe is off" not in r.getMessage()
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "lldmon.trl" and "probe is off" not in r.getMessage()
     ]
     assert len(messages) == 1 and "switched off" in messages[0], messages
     assert sink.series(M.LLDS_ACTIVE) == {1: 0.0, 2: 0.0}
