@@ -33,7 +33,23 @@ _EXTRA_LEVELS: dict[str, tuple[float, float]] = {
     M.LLDS_GATED_ACTION_FRAC: (0.0, 0.0),
     M.RATIO_POS_MIN: (0.7, 0.05),
     M.ADV_POS_NEG_MASS_RATIO: (1.0, 0.1),
+    M.ADV_POS_NEG_MASS_RATIO_ANSWER: (1.0, 0.2),
     M.LOSS: (0.05, 0.02),
+    M.KL_REF: (0.01, 0.002),
+    M.LOGP_CORRECT: (-0.4, 0.05),
+    M.DELTA_TRAJ_CORRECT: (0.0, 0.05),
+    M.FRAC_TRAJ_DECREASED_CORRECT: (0.3, 0.05),
+    M.XMB_DELTA_TRAJ_POS: (0.0, 0.05),
+    M.XMB_DELTA_TRAJ_NEG: (-0.05, 0.05),
+    M.XMB_DELTA_ACTION_POS: (0.0, 0.02),
+    M.XMB_FRAC_TRAJ_DECREASED_POS: (0.3, 0.05),
+    M.XMB_FRAC_ACTION_DECREASED_POS: (0.3, 0.05),
+    M.XMB_DELTA_TRAJ_CORRECT: (0.0, 0.05),
+    M.XMB_FRAC_TRAJ_DECREASED_CORRECT: (0.3, 0.05),
+    M.ANCHOR_LOGP: (-0.4, 0.02),
+    M.ANCHOR_DELTA: (0.0, 0.01),
+    M.ANCHOR_FRAC_DECREASED: (0.3, 0.05),
+    M.ANCHOR_SIZE: (32.0, 0.0),
 }
 
 
@@ -87,7 +103,7 @@ def _series(index: int, n_steps: int) -> tuple[str, dict[str, list[float | str |
                 encode_float(float(v)) if p else None
                 for v, p in zip(raw[:n_steps], present[:n_steps], strict=True)
             ]
-        else:
+        else:  # a KeyError here: a new canonical metric needs a level above
             level, sd = _EXTRA_LEVELS[name]
             rng = np.random.default_rng(zlib.crc32(name.encode()) + index)
             out[name] = [float(level + sd * x) for x in rng.standard_normal(n_steps)]

@@ -1,7 +1,7 @@
 """Many runs at once: `--runs` simulated training runs streaming to one `lldmon serve` on PostgreSQL.
 
 Each run sends, per optimizer step, what a Search-R1-sized job with lldmon's hooks sends: one metrics
-batch with the 28 canonical metrics (scenario values, so the online detector finds phases and opens
+batch with every canonical metric (44 since #12) (scenario values, so the online detector finds phases and opens
 alerts) and one action batch of `--actions` records (default 2,560), in order, each waiting for its
 acknowledgement as the real client does. Step k of run r is *scheduled* at t0 + r/runs/rate + k/rate
 (`--rate` steps/s per run, staggered starts); a run that falls behind sends its next step at once.

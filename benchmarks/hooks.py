@@ -71,11 +71,12 @@ VARIANTS = (
     "client-down",
 )
 
-# Monitoring code paths of MonitoredGRPOTrainer (methods that do nothing but monitoring); the probe
-# and the anchor set run inside `_lldmon_step_end`.
-HOOK_METHODS = ("_lldmon_tag_rollout", "_lldmon_collect", "_lldmon_step_end", "_lldmon_step_scalars")
-# LLDS code paths (the term's forward part; its backward runs inside TRL's backward pass).
-LLDS_METHODS = ("_llds_term", "_llds_tag_rollout", "_llds_step_begin", "_llds_step_end")
+# Monitoring code paths: methods of MonitoredGRPOTrainer's measurement driver (the probe and the anchor
+# set run inside `step_end`; `step_scalars` reads TRL's per-step scalars).
+HOOK_METHODS = ("tag_rollout", "collect", "step_end", "step_scalars")
+# LLDS code paths of its regulariser driver (the term's forward part; its backward runs inside TRL's
+# backward pass).
+LLDS_METHODS = ("_term", "tag_rollout", "step_begin", "step_end")
 
 
 class NullSink:
@@ -173,10 +174,14 @@ def run(
             options = {"llds": "off"}  # everything else at MonitoredGRPOTrainer's defaults
         trainer = MonitoredGRPOTrainer(**common, lldmon_sink=sink, **options)
         trainer._lldmon_bench_sink = sink
-        for name in HOOK_METHODS + (LLDS_METHODS if variant == "hooks+llds" else ()):
-            setattr(trainer, name, _timed(getattr(trainer, name), hook_time))
-        callback = trainer._lldmon_callback
-        callback._send = _timed(callback._send, hook_time)
+        for name in HOOK_METHODS:
+            setattr(
+                trainer.lldmon_measurement, name, _timed(getattr(trainer.lldmon_measurement, name), hook_time)
+            )
+        for name in LLDS_METHODS if variant == "hooks+llds" else ():
+            setattr(trainer.llds, name, _timed(getattr(trainer.llds, name), hook_time))
+        callback = trainer.lldmon_callback
+        callback.send = _timed(callback.send, hook_time)
     trainer.remove_callback(PrinterCallback)
     trainer.train()
     if variant.startswith("client"):

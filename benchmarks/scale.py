@@ -1,7 +1,7 @@
 """Horizontal scale: one `lldmon serve` vs two `lldmon serve` processes sharing one PostgreSQL database.
 
 The same workload goes to both configurations, each into its own fresh database: `--runs` simulated
-runs (`benchmarks._workload`: 28 canonical metrics per step from the detector's scenarios, `--actions`
+runs (`benchmarks._workload`: every canonical metric (44 since #12) per step from the detector's scenarios, `--actions`
 action records per step), each first getting `--preload` steps of metrics in one batch, then streaming
 `--steps` steps as fast as the service acknowledges them (one metrics and one action batch per step,
 in order, one request in flight per run, all runs concurrently).

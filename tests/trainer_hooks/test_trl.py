@@ -18,7 +18,7 @@ import torch
 
 from contracts import metrics as M
 from contracts.wire import ACTION_COLUMNS
-from trainer_hooks.trl_measure import (
+from trainer_hooks.trl.measure import (
     EXACT_DELTA_METRICS,
     TRL_PROVIDED_METRICS,
     MicroBatch,
@@ -568,7 +568,7 @@ def test_every_objective(tmp_path: Path, loss_type: str, level: str, beta: float
 def test_measurement_failure_never_stops_training(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import trainer_hooks.trl_measure as trl_measure
+    import trainer_hooks.trl.measure as trl_measure
 
     def boom(**kwargs: Any) -> Any:
         raise RuntimeError("measurement bug")
@@ -664,7 +664,8 @@ def test_default_schedule_and_logging_deliver_every_step(tmp_path: Path) -> None
     assert sorted(set(sink.series(M.DELTA_TRAJ_POS)) | set(sink.series(M.DELTA_TRAJ_NEG))) == every
     assert len(sink.series(M.LOGP_CORRECT)) >= steps - 1  # a batch may have no correct answer
     assert sorted(sink.series(M.ANCHOR_LOGP)) == [5]  # anchor_interval defaults to 5
-    assert trainer.lldmon_probe_size == 2 and trainer.lldmon_anchors is not None  # 4 rows per step
+    assert trainer.lldmon_settings.probe_size == 2 and trainer.lldmon_anchors is not None  # 4 rows per step
+    assert trainer.lldmon_anchors.capacity == 8
     assert len(set(sink.series(M.ADV_POS_NEG_MASS_RATIO).values())) > 1
     assert not XMB_DELTAS & sink.names()  # on-policy: no cross-mini-batch drift exists
     # TRL's window means never overwrite the per-step values

@@ -20,7 +20,7 @@ import torch
 from contracts import metrics as M
 from trainer_hooks.client import Directive, LLDSDirective
 from trainer_hooks.regularizers import llds_loss, ma_beta, sapo_kl_loss
-from trainer_hooks.trl_llds import (
+from trainer_hooks.trl.llds import (
     GLOBAL_TOKEN_LOSS_TYPES,
     SAPO_LOSS,
     RegularizerSettings,
@@ -113,14 +113,14 @@ class Spy(MonitoredGRPOTrainer):
                 "g_delta": (g_total - g_base).detach(),
                 "logp": logp.detach().clone(),
                 "old": inputs.get("old_per_token_logps"),
-                "drifted": self._lldmon_drifted(),
+                "drifted": self.rollout_drifted(),
                 "mask": mask,
                 "advantages": inputs["advantages"],
                 "answer_mask": inputs.get("lldmon_answer_mask"),
                 "completion_ids": inputs["completion_ids"],
                 "completion_mask": inputs["completion_mask"],
                 "num_items": inputs["num_items_in_batch"],
-                "beta": self._llds_beta,
+                "beta": self.llds.beta,
             }
         )
         return loss
@@ -241,7 +241,7 @@ def test_backpropagated_loss_is_grpo_plus_scaled_term(tmp_path: Path, name: str,
     if name == "grpo-accum-ma":
         # beta from TRL's tool metrics of the rollout (search/valid_per_traj), answer mask = final answer token
         v_s = sink.series(M.SEARCH_VALID_PER_TRAJ)[1]
-        assert trainer._llds_beta == pytest.approx(ma_beta(v_s))
+        assert trainer.llds.beta == pytest.approx(ma_beta(v_s))
         answer_id = tiny.answer_token_id(trainer.processing_class)
         marked = 0
         for micro in trainer.micro:
@@ -335,7 +335,7 @@ def test_on_policy_llds_warns_once(tmp_path: Path, caplog: pytest.LogCaptureFixt
 def test_a_failing_term_never_stops_training(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import trainer_hooks.trl as trl_hooks
+    import trainer_hooks.trl.regularizer as trl_hooks
 
     def boom(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("llds bug")
@@ -513,8 +513,8 @@ def test_non_main_ranks_follow_the_main_process(
 
     import accelerate.utils
 
-    from trainer_hooks._warn import WarnOnce
-    from trainer_hooks.trl_llds import LLDSSwitch, RegularizerStep
+    from trainer_hooks.trl.llds import LLDSSwitch
+    from trainer_hooks.trl.regularizer import RegularizerDriver
 
     sent: list[list[float]] = []
     from_main: dict[str, list[float]] = {}
@@ -525,28 +525,24 @@ def test_non_main_ranks_follow_the_main_process(
         return torch.tensor(from_main["value"], dtype=tensor.dtype)
 
     monkeypatch.setattr(accelerate.utils, "broadcast", fake_broadcast)
-    rank1: Any = object.__new__(MonitoredGRPOTrainer)  # a non-main rank, without building TRL
-    rank1.accelerator = SimpleNamespace(num_processes=2, device=torch.device("cpu"), is_main_process=False)
-    rank1._llds_warn = WarnOnce(logging.getLogger("lldmon.trl"))
+    # a non-main rank, without building TRL: the driver only needs the trainer's accelerator
+    rank1: Any = SimpleNamespace(
+        accelerator=SimpleNamespace(num_processes=2, device=torch.device("cpu"), is_main_process=False)
+    )
     off = RegularizerSettings()  # this rank got no sink: llds defaulted to "off"
     from_main["value"] = [2.0]  # the main process runs "auto"
     with caplog.at_level(logging.WARNING, logger="lldmon.trl"):
-        agreed = rank1._llds_agree_mode(off)
-    assert agreed.mode == "auto" and sent == [[0.0]]
+        driver = RegularizerDriver(rank1, off, sink=None, queue_metrics=None, drifted=lambda: True)
+    assert driver.settings.mode == "auto" and sent == [[0.0]]
     assert any("main process" in r.getMessage() for r in caplog.records)
 
-    rank1.llds_settings = agreed
-    rank1.lldmon_sink = None
-    rank1._llds_switch = LLDSSwitch(enabled=False, lam=0.0)
-    rank1._llds_directive_seen = False
-    rank1._llds_step_stats = RegularizerStep()
     from_main["value"] = [1.0, 1.0, 0.25, 7.0]  # main read: enabled, lam 0.25, version 7
-    rank1._llds_step_begin(3)
+    driver.step_begin(3)
     assert sent[-1] == [0.0, 0.0, 0.0, -1.0]  # this rank read nothing itself
-    assert rank1.llds_switch == LLDSSwitch(enabled=True, lam=0.25, version=7, reason="")
+    assert driver.switch == LLDSSwitch(enabled=True, lam=0.25, version=7, reason="")
     from_main["value"] = [0.0, 0.0, 0.0, -1.0]  # main had no readable directive: keep the setting
-    rank1._llds_step_begin(4)
-    assert rank1.llds_switch.lam == 0.25 and rank1.llds_switch.enabled
+    driver.step_begin(4)
+    assert driver.switch is not None and driver.switch.lam == 0.25 and driver.switch.enabled
 
 
 class RecomputedOld(MonitoredGRPOTrainer):

@@ -2,7 +2,7 @@
 directives, the accumulation scaling and the per-step statistics.
 
 Pure torch and `re` (no trl/transformers import), so every piece is unit-testable on its own;
-`trainer_hooks.trl.MonitoredGRPOTrainer` wires them into TRL's loss (its module docstring documents
+`trainer_hooks.trl.MonitoredGRPOTrainer` wires them into TRL's loss (docs/hooks-trl.md documents
 the user-facing options). The regularisers themselves are `trainer_hooks.regularizers`.
 """
 
