@@ -21,8 +21,9 @@ class Panel:
     log_y: bool = False
     y_title: str = ""
     optional: frozenset[str] = frozenset()
-    """Metrics plotted when a run has them and never reported as missing (each trainer integration
-    emits only some estimators: verl has no exact delta, a TRL job may have no in-loss proxy)."""
+    """Metrics plotted when a run has them and never reported as missing (not every run has every
+    estimator: on TRL's default schedule nothing drifts inside the loss, so there is no `lld/xmb/*`;
+    the anchor set needs correct responses and a single-process job)."""
 
 
 PANELS: Final = (

@@ -3,6 +3,9 @@
 # verl 0.9.1 pins transformers < 5.11, while the main .venv has TRL with a newer transformers.
 # Creates the virtualenv if missing, installs '.[verl-test]' (torch held to the local CPU wheel by
 # constraints.txt), refuses a CUDA build, and runs the tests. Extra arguments go to pytest.
+# Besides the loss and the Tracking attachment, the tests run real verl 0.9.1 actor updates
+# (`trainer_hooks.verl.LLDMonTrainingWorker`: FSDP2 on CPU over gloo, one process, a tiny
+# model built in code, nothing downloaded) to check the post-update probe and the anchor set.
 #
 #   bash scripts/test-verl.sh            # fresh: ~4-5 min (mostly the install), then ~30-40 s
 #   LLDMON_VERL_VENV=/some/dir bash scripts/test-verl.sh   # keep the virtualenv elsewhere

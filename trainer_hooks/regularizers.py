@@ -39,6 +39,7 @@ from trainer_hooks.actions import action_ids, action_sums, num_actions
 __all__ = [
     "Gate",
     "LLDSStats",
+    "MASchedule",
     "Normalize",
     "SAPOStats",
     "llds_loss",
@@ -48,9 +49,11 @@ __all__ = [
 
 Gate = Literal["action", "response", "token"]
 Normalize = Literal["loss_tokens", "preserving_tokens"]
+MASchedule = Literal["paper", "code"]
 
 _GATES: tuple[str, ...] = get_args(Gate)
 _NORMALIZES: tuple[str, ...] = get_args(Normalize)
+_MA_SCHEDULES: tuple[str, ...] = get_args(MASchedule)
 
 
 @dataclass(frozen=True)
@@ -181,7 +184,8 @@ def llds_loss(
     - gate="action" (Eq. 4, default): 1[sum_{k in a} d_k > 0] * sum_{k in a} w_k max(0, d_k)
     - gate="response" (Eq. 10): the same with the gate on sum_k d_k over the whole response
     - gate="token" (Eq. 9): no gate, sum_k w_k max(0, d_k) (over-constrains; worst in the ablation)
-    - answer weighting is the MA variant (Eq. 5); see `ma_beta` for the paper's schedule.
+    - answer weighting is the MA variant (Eq. 5); see `ma_beta` for the paper's and the code's
+      schedules of the weight.
 
     The gate sums use the **unweighted** d, as the authors' code does (`dp_actor.py`: the chunk and
     sentence gates sum `old_log_prob - log_prob`, the answer coefficients are applied afterwards),
@@ -263,22 +267,45 @@ def llds_loss(
     return loss, stats
 
 
-def ma_beta(valid_searches_mean: float) -> float:
-    """Answer-token weight of LLDS-MA: beta = min(V_s / 2, 1) ([LLD] Eq. 5 schedule).
+def ma_beta(
+    valid_searches_mean: float,
+    schedule: MASchedule = "paper",
+    *,
+    code_scale: float = 1.0,
+) -> float:
+    """Answer-token weight beta of LLDS-MA ([LLD] Eq. 5) from V_s, the mean number of valid searches
+    per trajectory at the step.
 
-    V_s is the mean number of valid searches per trajectory at the step. When the policy collapses
-    to a single search call (V_s ~ 1) the answer span is protected less (beta ~ 0.5); from two
-    searches on it is plain LLDS (beta = 1). (The authors' code uses a different ramp,
-    lambda_answer * max(V_s - 1, 0) capped at lambda; this follows the paper.)
+    - schedule="paper" (default): beta = min(V_s / 2, 1). When the policy collapses to a single
+      search call (V_s ~ 1) the answer span is protected half as much; from two searches on it is
+      plain LLDS (beta = 1).
+    - schedule="code": the authors' code (`verl/workers/actor/dp_actor.py`, `mask_adaptive`): the
+      answer tokens get the coefficient min(lambda_answer * max(V_s - 1, 0), lambda) while the other
+      tokens get lambda, i.e. relative to lambda beta = min(code_scale * max(V_s - 1, 0), 1) with
+      `code_scale` = lambda_answer / lambda (their `answer_no_reduce_lambda / no_reduce_lambda`;
+      default 1). Unlike the paper's ramp it is 0 at V_s <= 1: a policy that searches once gets
+      no answer-span protection at all; full protection from V_s = 1 + 1 / code_scale on.
 
-    Input handling: negative or -inf -> 0.0 (clamped, like V_s = 0); +inf -> 1.0; NaN (no
+    Input handling (both schedules): negative or -inf V_s -> as V_s = 0; +inf -> 1.0; NaN (no
     trajectories or a broken metric, i.e. no evidence of a collapsed search count) -> 1.0, i.e.
     plain LLDS rather than silently dropping the answer constraint.
+
+    Raises:
+        ValueError: unknown `schedule`, or `code_scale` negative or not finite.
     """
+    if schedule not in _MA_SCHEDULES:
+        raise ValueError(f"schedule must be one of {_MA_SCHEDULES}, got {schedule!r}")
+    if not math.isfinite(code_scale) or code_scale < 0:
+        raise ValueError(f"code_scale must be finite and >= 0, got {code_scale!r}")
     v = float(valid_searches_mean)
     if math.isnan(v):
         return 1.0
-    return min(max(v, 0.0) / 2.0, 1.0)
+    v = max(v, 0.0)
+    if schedule == "paper":
+        return min(v / 2.0, 1.0)
+    if math.isinf(v):
+        return 1.0 if code_scale > 0 else 0.0
+    return min(code_scale * max(v - 1.0, 0.0), 1.0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -292,15 +319,17 @@ def sapo_kl_loss(
     advantages: Tensor,
     *,
     threshold: float,
-    normalize: Normalize = "loss_tokens",
+    normalize: Normalize = "preserving_tokens",
 ) -> tuple[Tensor, SAPOStats]:
     """SAPO's one-line term: pull up positive tokens whose ratio drifted down ([SAPO], lld-ref. sec. 5).
 
     On mask tokens of A >= 0 responses whose ratio r = pi_theta / pi_old <= `threshold`, add
-    -log r = log pi_old - log pi_theta; the sum is divided by the same token counts as `llds_loss`
-    ("loss_tokens": all mask tokens, the default, i.e. a token mean over the micro-batch;
-    "preserving_tokens": mask tokens of A >= 0 responses). It counters SAPO's failure signature,
-    Importance Sampling Distribution Drift (ratios of positive tokens drifting toward 0).
+    -log r = log pi_old - log pi_theta; the sum is divided by "preserving_tokens" (default: the mask
+    tokens of A >= 0 responses, the population the term is defined on, as in the reported form) or
+    "loss_tokens" (all mask tokens of the micro-batch). This setting is SAPO's own, independent of
+    the one of `llds_loss` (whose default "loss_tokens" follows the LLDS authors' code): a caller
+    running both passes each its own. It counters SAPO's failure signature, Importance Sampling
+    Distribution Drift (ratios of positive tokens drifting toward 0).
 
     Caveats: this is the form reported by readers of the SAPO paper (arXiv 2603.10069, "Improving
     Search Agent with One Line of Code"), not confirmed from a published formula or code; the
@@ -315,7 +344,7 @@ def sapo_kl_loss(
         logp: (B, T) log pi_theta (requires grad). old_logp: (B, T), constant.
         mask: (B, T) loss mask. advantages: (B,) or (B, T) (mean over mask tokens).
         threshold: ratio threshold t > 0 (e.g. slightly below 1).
-        normalize: "loss_tokens" | "preserving_tokens".
+        normalize: "preserving_tokens" (default) | "loss_tokens".
 
     Returns:
         (loss, stats): 0-d loss (dtype as in `llds_loss`) and `SAPOStats`.

@@ -440,7 +440,7 @@ def test_sapo_hand_values(normalize: str, count: int) -> None:
 
 def test_sapo_gradient_support_and_sign() -> None:
     logp, old, mask, adv = _sapo_case()
-    loss, stats = sapo_kl_loss(logp, old, mask, adv, threshold=1.0)
+    loss, stats = sapo_kl_loss(logp, old, mask, adv, threshold=1.0, normalize="loss_tokens")
     assert loss.item() == pytest.approx((math.log(2) - math.log(0.9)) / 5)
     assert stats.selected_token_frac.item() == pytest.approx(1.0)
     loss.backward()
@@ -455,7 +455,7 @@ def test_sapo_per_token_advantages_and_large_ratios() -> None:
     with torch.no_grad():
         logp[0, 2] = old[0, 2] + 1000.0  # huge ratio: no overflow, not selected
     adv_bt = torch.where(mask != 0, adv[:, None], torch.full((2, 4), 5.0))
-    loss, _ = sapo_kl_loss(logp, old, mask, adv_bt, threshold=0.8)
+    loss, _ = sapo_kl_loss(logp, old, mask, adv_bt, threshold=0.8, normalize="loss_tokens")
     assert loss.item() == pytest.approx(math.log(2) / 5)
 
 
@@ -467,6 +467,17 @@ def test_sapo_empty_keeps_graph() -> None:
     assert logp.grad is not None
     assert torch.equal(logp.grad, torch.zeros(2, 3))
     assert stats.selected_token_frac.item() == 0.0
+
+
+def test_sapo_normalises_by_preserving_tokens_by_default_whatever_llds_does() -> None:
+    """SAPO's normalisation is its own setting; its default is the reported form's population."""
+    logp, old, mask, adv = _sapo_case()
+    default, _ = sapo_kl_loss(logp, old, mask, adv, threshold=0.8)
+    explicit, _ = sapo_kl_loss(logp, old, mask, adv, threshold=0.8, normalize="preserving_tokens")
+    assert default.item() == explicit.item() == pytest.approx(math.log(2) / 3)
+    llds_default, _ = llds_loss(logp, old, mask, adv)
+    llds_explicit, _ = llds_loss(logp, old, mask, adv, normalize="loss_tokens")
+    assert llds_default.item() == llds_explicit.item()  # LLDS keeps the authors' code's default
 
 
 @pytest.mark.parametrize("threshold", [0.0, -1.0, math.nan])
@@ -497,3 +508,77 @@ def test_sapo_rejects_bad_threshold(threshold: float) -> None:
 )
 def test_ma_beta(v: float, beta: float) -> None:
     assert ma_beta(v) == beta
+
+
+@pytest.mark.parametrize(
+    ("v", "beta"),
+    [
+        (0.0, 0.0),
+        (0.5, 0.0),
+        (1.0, 0.0),
+        (1.25, 0.25),
+        (1.5, 0.5),
+        (2.0, 1.0),
+        (3.7, 1.0),
+        (-2.0, 0.0),
+        (-math.inf, 0.0),
+        (math.inf, 1.0),
+        (math.nan, 1.0),
+    ],
+)
+def test_ma_beta_code_schedule(v: float, beta: float) -> None:
+    """The authors' code: answer coefficient min(lambda_answer * max(V_s - 1, 0), lambda) / lambda."""
+    assert ma_beta(v, "code") == beta
+
+
+def test_ma_beta_defaults_to_the_paper_schedule() -> None:
+    assert ma_beta(1.0) == ma_beta(1.0, "paper") == 0.5
+    assert ma_beta(1.0, schedule="code") == 0.0
+
+
+def _naive_beta(v: float, schedule: str, scale: float) -> float:
+    """Reference: the formulas as written (paper Eq. 5 schedule; dp_actor.py `mask_adaptive`)."""
+    if math.isnan(v):
+        return 1.0
+    if schedule == "paper":
+        return min(max(v, 0.0) / 2.0, 1.0)
+    lam = 0.2  # any lambda: beta is the answer coefficient relative to it
+    answer_weight = max(v - 1.0, 0.0)
+    coefficient = min(scale * lam * answer_weight, lam)  # lambda_answer = scale * lambda
+    return coefficient / lam
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    v=st.floats(min_value=-5.0, max_value=20.0, allow_nan=False),
+    schedule=st.sampled_from(["paper", "code"]),
+    scale=st.floats(min_value=0.0, max_value=10.0),
+)
+def test_ma_beta_matches_naive_formulas(v: float, schedule: str, scale: float) -> None:
+    beta = ma_beta(v, schedule, code_scale=scale)  # type: ignore[arg-type]
+    assert 0.0 <= beta <= 1.0
+    assert beta == pytest.approx(_naive_beta(v, schedule, scale), abs=1e-12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    a=st.floats(min_value=-5.0, max_value=20.0, allow_nan=False),
+    b=st.floats(min_value=-5.0, max_value=20.0, allow_nan=False),
+    schedule=st.sampled_from(["paper", "code"]),
+)
+def test_ma_beta_is_monotone_in_the_search_count(a: float, b: float, schedule: str) -> None:
+    lo, hi = sorted((a, b))
+    assert ma_beta(lo, schedule) <= ma_beta(hi, schedule)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"schedule": "linear"}, "schedule"),
+        ({"code_scale": -1.0}, "code_scale"),
+        ({"code_scale": math.inf}, "code_scale"),
+    ],
+)
+def test_ma_beta_rejects_bad_arguments(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        ma_beta(1.5, **kwargs)  # type: ignore[arg-type]

@@ -1,4 +1,6 @@
-"""Tests of trainer_hooks.verl against the real verl package (0.9.1); skipped where verl is absent.
+"""Tests of trainer_hooks.verl (the loss, the probe actor, Tracking) against the real verl package (0.9.1);
+skipped where verl is absent. The probe-actor tests run real actor updates of verl's TrainingWorker
+(FSDP2 engine on CPU through a minimal CPU platform, gloo, one process, a tiny model built in code).
 
 Run: `.venv-verl/bin/python -m pytest tests/trainer_hooks/test_verl.py -q -p no:cacheprovider`
 (`scripts/test-verl.sh` builds that virtualenv: verl pins transformers < 5.11, the main one has TRL).
@@ -22,6 +24,14 @@ if os.environ.get("LLDMON_REQUIRE_VERL"):  # scripts/test-verl.sh: a missing ver
 else:
     verl = pytest.importorskip("verl")
 
+import warnings
+
+with warnings.catch_warnings():  # verl's engine workers warn at import (Ray state API, absent engines)
+    warnings.simplefilter("ignore")
+    import verl.workers.engine
+    import verl.workers.engine.fsdp.transformer_impl
+    import verl.workers.engine_workers
+
 import torch
 from omegaconf import OmegaConf
 from torch import Tensor
@@ -32,14 +42,19 @@ from verl.utils.tracking import Tracking
 from verl.workers.config import ActorConfig, PolicyLossConfig
 
 import trainer_hooks.verl as tv
+import trainer_hooks.verl.llds as verl_llds
+import trainer_hooks.verl.measurement as verl_measurement
 from contracts import metrics as M
 from trainer_hooks.actions import action_ids, num_actions
 from trainer_hooks.likelihood import measure_step
 from trainer_hooks.regularizers import Gate, Normalize, llds_loss, ma_beta
+from trainer_hooks.verl.batch import rewards_from_batch, valid_searches_from_batch
+from trainer_hooks.verl.names import PROBE_METRICS, VS_SOURCE
 
 pytestmark = pytest.mark.timeout(120)
 
 LOGGER = "lldmon.verl"
+XMB_TO_EXACT = {xmb: exact for exact, xmb in M.EXACT_TO_XMB.items()}
 
 # ----------------------------------------------------------------------------------------------
 # inputs: 6 responses of 24 tokens; mask 0 = tool feedback (gaps inside rows) or padding
@@ -134,6 +149,19 @@ def test_config_class_is_verls_policy_loss_config_with_lldmon_keys() -> None:
     assert tv.LossSettings.from_config(copy) == tv.LossSettings(llds_lambda=0.2)
 
 
+def test_verl_classes_resolve_by_their_public_paths() -> None:
+    """`_target_` in users' verl configs, pickling by name (configs travel to Ray workers)."""
+    from hydra.utils import get_class
+
+    cls = tv.policy_loss_config_class()
+    assert get_class("trainer_hooks.verl.LLDMonPolicyLossConfig") is cls
+    assert cls.__dataclass_fields__["_target_"].default == "trainer_hooks.verl.LLDMonPolicyLossConfig"
+    worker = tv.training_worker_class()
+    assert get_class("trainer_hooks.verl.LLDMonTrainingWorker") is worker
+    assert pickle.loads(pickle.dumps(worker)) is worker
+    assert pickle.loads(pickle.dumps(cls)) is cls
+
+
 @pytest.mark.parametrize(
     "bad",
     [
@@ -145,6 +173,11 @@ def test_config_class_is_verls_policy_loss_config_with_lldmon_keys() -> None:
         {"llds_answer_weight": -1.0},
         {"lldmon_measure": "maybe"},
         {"lldmon_drift_atol": -1.0},
+        {"llds_ma_schedule": "linear"},
+        {"lldmon_probe_size": -1},
+        {"lldmon_anchor_interval": 0},
+        {"lldmon_success_threshold": float("nan")},
+        {"lldmon_actor": "sometimes"},
     ],
 )
 def test_invalid_settings_fail_when_the_config_is_built(bad: dict[str, Any]) -> None:
@@ -224,11 +257,17 @@ def test_llds_off_equals_vanilla_and_metrics_equal_measure_step(loss_fn: Any) ->
         clip_eps=0.2,
     ).metrics
     for name in tv.LOSS_METRICS:
-        assert metrics[tv.weight_key(name)] == 1.0, name
-        assert metrics[name] == ref[name], name
+        source = XMB_TO_EXACT.get(name, name)  # in-loss deltas are published as the xmb proxy
+        if source in ref:
+            assert metrics[tv.weight_key(name)] == 1.0, name
+            assert metrics[name] == ref[source], name
+        else:  # the "correct" population needs rewards, which only the probe actor passes
+            assert source in (M.LOGP_CORRECT, M.DELTA_TRAJ_CORRECT, M.FRAC_TRAJ_DECREASED_CORRECT), name
+            assert metrics[tv.weight_key(name)] == 0.0, name
     assert {name for name in metrics if name.startswith("lld/")} == {
         name for name in tv.LOSS_METRICS if name.startswith("lld/")
     }
+    assert not set(metrics) & set(M.EXACT_TO_XMB)  # never the exact Def. 4.1 names from the loss
     assert metrics[tv.ADV_POS_MASS] / metrics[tv.ADV_NEG_MASS] == pytest.approx(ref[M.ADV_POS_NEG_MASS_RATIO])
     assert {name: metrics[name] for name in tv.LLDS_METRICS} == dict.fromkeys(tv.LLDS_METRICS, 0.0)
     loss.backward()
@@ -304,7 +343,7 @@ def test_not_drifted_micro_batch_reports_levels_but_no_deltas(loss_fn: Any) -> N
     inputs = _inputs(drift=0.0)
     _, metrics = loss_fn(**inputs, config=_actor())
     for name in tv.LEVEL_METRICS:
-        assert metrics[tv.weight_key(name)] == 1.0, name
+        assert metrics[tv.weight_key(name)] == (0.0 if name == M.LOGP_CORRECT else 1.0), name
     for name in tv.DELTA_METRICS:
         assert metrics[tv.weight_key(name)] == 0.0, name
         assert metrics[name] == 0.0, name
@@ -323,8 +362,8 @@ def test_key_set_is_the_same_whatever_the_data(loss_fn: Any, monkeypatch: pytest
     def broken(**kwargs: Any) -> Any:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(tv, "measure_step", broken)
-    monkeypatch.setattr(tv, "llds_loss", broken)
+    monkeypatch.setattr(verl_measurement, "measure_step", broken)
+    monkeypatch.setattr(verl_llds, "llds_loss", broken)
     assert set(loss_fn(**_inputs(), config=config)[1]) == full
     assert not any("min" in key or "max" in key for key in full - set(_vanilla(_inputs(), config)[1]))
 
@@ -379,7 +418,7 @@ def test_failing_measurement_does_not_break_the_loss(
     def broken(**kwargs: Any) -> Any:
         raise RuntimeError("measurement exploded")
 
-    monkeypatch.setattr(tv, "measure_step", broken)
+    monkeypatch.setattr(verl_measurement, "measure_step", broken)
     config = _actor(llds_lambda=0.2)
     for seed in range(2):
         inputs = _inputs(seed=seed)
@@ -401,7 +440,7 @@ def test_failing_llds_falls_back_to_the_base_loss(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("llds exploded")
 
-    monkeypatch.setattr(tv, "llds_loss", broken)
+    monkeypatch.setattr(verl_llds, "llds_loss", broken)
     config = _actor(llds_lambda=0.2)
     inputs = _inputs()
     loss, metrics = loss_fn(**inputs, config=config)
@@ -521,7 +560,7 @@ def test_map_verl_metrics_renames_and_passes_through() -> None:
     assert out[M.REWARD_MEAN] == 0.4
     assert out[M.RESPONSE_LENGTH_MEAN] == 300.0
     assert out[M.RESPONSE_CLIP_RATIO] == 0.1
-    assert out[M.KL] == 0.01
+    assert out[M.KL_OLD] == 0.01
     assert out[M.CLIP_FRAC] == 0.02
     assert out[M.SEARCH_VALID_PER_TRAJ] == 1.3
     assert out[M.TURNS_MEAN] == 4.0
@@ -669,3 +708,631 @@ def test_attach_new_trackings_patches_instances_created_later(capsys: pytest.Cap
         data={"a": 1.0}, step=6
     )
     assert len(sinks) == 1
+
+
+# ----------------------------------------------------------------------------------------------
+# regularisers act only on real displacement; what the probe actor passes to the loss
+
+
+def test_llds_is_exactly_off_on_a_micro_batch_that_has_not_drifted(loss_fn: Any) -> None:
+    """Recompute noise below lldmon_drift_atol must not open LLDS gates (issue 12, item 6)."""
+    config = _actor(llds_lambda=0.2, llds_gate="token")
+    inputs = _inputs(drift=0.0)
+    noise = 1e-5 * torch.randn(MASK.shape, generator=torch.Generator().manual_seed(9))
+    inputs["log_prob"] = (inputs["log_prob"].detach() + noise).requires_grad_(True)
+    noisy_reg, _ = llds_loss(
+        inputs["log_prob"], inputs["old_log_prob"], MASK, inputs["advantages"], gate="token"
+    )
+    assert noisy_reg.item() > 0  # with the recomputed old log-probs, noise alone would open gates
+    loss, metrics = loss_fn(**inputs, config=config)
+    vanilla, _ = _vanilla(inputs, config)
+    assert torch.equal(loss, vanilla + 0.0 * noisy_reg)
+    assert metrics[M.LLDS_ACTIVE] == 1.0 and metrics[M.LLDS_LOSS] == 0.0
+    loss.backward()
+    grad = inputs["log_prob"].grad
+    probe = inputs["log_prob"].detach().clone().requires_grad_(True)
+    _vanilla({**inputs, "log_prob": probe}, config)[0].backward()
+    assert grad is not None and torch.equal(grad, probe.grad)  # LLDS adds no gradient
+
+
+def _answer_mask() -> Tensor:
+    """A final-answer span inside the last action of some rows, none in others."""
+    answer = torch.zeros(MASK.shape, dtype=torch.bool)
+    answer[0, 16:20] = True
+    answer[2, 20:24] = True
+    answer[5, 19:22] = True
+    return answer
+
+
+@pytest.mark.parametrize("schedule", ["paper", "code"])
+def test_llds_ma_uses_the_actors_answer_span_and_valid_search_count(loss_fn: Any, schedule: str) -> None:
+    config = _actor(llds_lambda=0.3, llds_answer_weight="ma", llds_gate="token", llds_ma_schedule=schedule)
+    inputs = _inputs(seed=3)
+    answer = _answer_mask()
+    with tv.loss_extras(tv.LossExtras(answer_mask=answer, valid_searches_mean=1.5)):
+        loss, _ = loss_fn(**inputs, config=config)
+    beta = ma_beta(1.5, schedule)  # type: ignore[arg-type]
+    assert beta == (0.75 if schedule == "paper" else 0.5)
+    reg, _ = llds_loss(
+        inputs["log_prob"],
+        inputs["old_log_prob"],
+        MASK,
+        inputs["advantages"],
+        gate="token",
+        answer_mask=answer,
+        answer_weight=beta,
+    )
+    last_action, _ = verl_llds.last_action_mask(MASK)
+    reg_last, _ = llds_loss(
+        inputs["log_prob"],
+        inputs["old_log_prob"],
+        MASK,
+        inputs["advantages"],
+        gate="token",
+        answer_mask=last_action,
+        answer_weight=beta,
+    )
+    vanilla, _ = _vanilla(inputs, config)
+    assert torch.equal(loss, vanilla + 0.3 * reg)
+    assert reg.item() != reg_last.item()  # the answer span, not the whole last action
+
+
+def test_llds_ma_without_the_actor_falls_back_to_last_action_and_tool_calls(loss_fn: Any) -> None:
+    config = _actor(llds_lambda=0.3, llds_answer_weight="ma", llds_gate="token", llds_ma_schedule="code")
+    inputs = _inputs(seed=3)
+    with tv.loss_extras(tv.LossExtras(answer_mask=torch.ones(2, 2, dtype=torch.bool))):  # wrong shape
+        loss, _ = loss_fn(**inputs, config=config)
+    last_action, n_act = verl_llds.last_action_mask(MASK)
+    beta = ma_beta(float((n_act - 1).double().mean()), "code")  # V_s = 1.5 tool calls per response
+    reg, _ = llds_loss(
+        inputs["log_prob"],
+        inputs["old_log_prob"],
+        MASK,
+        inputs["advantages"],
+        gate="token",
+        answer_mask=last_action,
+        answer_weight=beta,
+    )
+    assert torch.equal(loss, _vanilla(inputs, config)[0] + 0.3 * reg)
+
+
+def test_loss_measures_the_correct_population_and_answer_masses_with_actor_data(loss_fn: Any) -> None:
+    inputs = _inputs(seed=6)
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 0.5])
+    answer = _answer_mask()
+    with tv.loss_extras(tv.LossExtras(answer_mask=answer, rewards=rewards)):
+        _, metrics = loss_fn(**inputs, config=_actor())
+    ref = measure_step(
+        old_logp=inputs["old_log_prob"],
+        new_logp=inputs["log_prob"].detach(),
+        mask=MASK,
+        advantages=inputs["advantages"],
+        rewards=rewards,
+        answer_mask=answer,
+        success_threshold=1.0,
+        clip_eps=0.2,
+    ).metrics
+    assert metrics[M.LOGP_CORRECT] == ref[M.LOGP_CORRECT]
+    assert metrics[M.XMB_DELTA_TRAJ_CORRECT] == ref[M.DELTA_TRAJ_CORRECT]
+    assert metrics[M.XMB_FRAC_TRAJ_DECREASED_CORRECT] == ref[M.FRAC_TRAJ_DECREASED_CORRECT]
+    mapped = tv.map_verl_metrics({f"actor/{k}": v for k, v in metrics.items()})
+    assert mapped[M.ADV_POS_NEG_MASS_RATIO] == pytest.approx(ref[M.ADV_POS_NEG_MASS_RATIO])
+    assert mapped[M.ADV_POS_NEG_MASS_RATIO_ANSWER] == pytest.approx(ref[M.ADV_POS_NEG_MASS_RATIO_ANSWER])
+    assert mapped[M.XMB_DELTA_TRAJ_POS] == pytest.approx(ref[M.DELTA_TRAJ_POS])
+    assert M.DELTA_TRAJ_POS not in mapped  # the loss never publishes the exact estimator
+
+
+# ----------------------------------------------------------------------------------------------
+# answer spans from token ids
+
+
+class PieceTokenizer:
+    """decode([id]) -> a fixed piece of text: tags split over several tokens, as BPE does."""
+
+    PIECES = (
+        "<",
+        "ans",
+        "wer",
+        ">",
+        "</",
+        " paris",
+        " x",
+        "search",
+        " ",
+        "er>",
+        "answer",
+        "<answer>",
+        "</answer>",
+    )
+
+    def decode(self, ids: list[int], **kwargs: Any) -> str:
+        return "".join(self.PIECES[i] for i in ids)
+
+
+def _naive_span(ids: list[int]) -> list[bool]:
+    pieces = [PieceTokenizer.PIECES[i] for i in ids]
+    text = "".join(pieces)
+    start = text.rfind("<answer>")
+    if start < 0:
+        return [False] * len(ids)
+    close = text.find("</answer>", start + len("<answer>"))
+    end = len(text) if close < 0 else close + len("</answer>")
+    chars = [start <= c < end for c in range(len(text))]
+    out, pos = [], 0
+    for piece in pieces:
+        out.append(any(chars[pos : pos + len(piece)]))
+        pos += len(piece)
+    return out
+
+
+def test_answer_span_finder_marks_the_final_answer_span() -> None:
+    finder = tv.AnswerSpanFinder(PieceTokenizer())
+    # "search <answer> x</answer> <answer> paris</answer>" with tags split over tokens
+    ids = [7, 8, 0, 1, 2, 3, 6, 4, 10, 3, 8, 11, 5, 4, 1, 9]
+    span = finder.row_span(ids)
+    assert span == (11, 16)
+    responses = torch.tensor([ids, [7] * 16])
+    mask = finder.mask(responses, torch.tensor([16, 16]))
+    assert mask[0].tolist() == _naive_span(ids) and not mask[1].any()
+    assert finder.mask(responses, torch.tensor([13, 16]))[0, 11:13].all()  # unclosed: to the end
+
+
+def test_answer_span_finder_matches_a_naive_character_scan() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    finder = tv.AnswerSpanFinder(PieceTokenizer())
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(st.integers(0, len(PieceTokenizer.PIECES) - 1), min_size=1, max_size=30))
+    def check(ids: list[int]) -> None:
+        mask = finder.mask(torch.tensor([ids]), torch.tensor([len(ids)]))
+        assert mask[0].tolist() == _naive_span(ids)
+
+    check()
+
+
+def test_valid_searches_and_rewards_from_a_verl_batch() -> None:
+    import numpy as np
+    from verl import DataProto
+
+    scores = torch.zeros(3, 4)
+    scores[:, -1] = torch.tensor([1.0, 0.0, 0.5])
+    proto = DataProto.from_dict(
+        tensors={"token_level_scores": scores},
+        non_tensors={"valid_search_stats": np.array([2, 0, 1], dtype=object)},
+    )
+    td = proto.to_tensordict()
+    counts, key = valid_searches_from_batch(td, 3)
+    assert key == "valid_search_stats" and counts is not None and counts.tolist() == [2.0, 0.0, 1.0]
+    rewards = rewards_from_batch(td)
+    assert rewards is not None and rewards.tolist() == [1.0, 0.0, 0.5]
+    bare = DataProto.from_dict(tensors={"x": scores}).to_tensordict()
+    assert valid_searches_from_batch(bare, 3) == (None, None)
+    # Search-R1 / the LLDS authors' fork keep the per-row count in meta_info["valid_search_stats"]
+    meta = DataProto.from_dict(tensors={"x": scores}, meta_info={"valid_search_stats": [1, 1, 4]})
+    counts, key = valid_searches_from_batch(meta.to_tensordict(), 3)
+    assert key == "valid_search_stats" and counts is not None and counts.tolist() == [1.0, 1.0, 4.0]
+
+
+# ----------------------------------------------------------------------------------------------
+# the probe actor on a real verl TrainingWorker (FSDP2 on CPU, tiny model built in code)
+
+
+def _cpu_platform() -> Any:
+    """verl 0.9.1 has no CPU platform (it falls back to CUDA); the minimum to run its FSDP2 engine on CPU."""
+    import contextlib
+    import types
+
+    from verl.plugin.platform.platform_base import PlatformBase
+
+    module = types.SimpleNamespace(
+        **{k: getattr(torch.cpu, k) for k in dir(torch.cpu) if not k.startswith("_")}
+    )
+    for name in ("max_memory_allocated", "max_memory_reserved", "memory_allocated", "memory_reserved"):
+        setattr(module, name, lambda *a, **k: 0)
+    module.reset_peak_memory_stats = lambda *a, **k: None
+    module.empty_cache = lambda: None
+    module.manual_seed = module.manual_seed_all = torch.manual_seed
+    module.mem_get_info = lambda *a, **k: (1 << 34, 1 << 35)
+    module.current_device = lambda: "cpu"
+    module.set_device = lambda *a: None
+    module.is_available = lambda: True
+    module.get_device_name = lambda *a: "CPU"
+    module.get_rng_state, module.set_rng_state = torch.get_rng_state, torch.set_rng_state
+
+    class CPUPlatform(PlatformBase):  # type: ignore[misc]
+        device_name = property(lambda self: "cpu")
+        vendor_name = property(lambda self: "cpu")
+        device_module = property(lambda self: module)
+
+        def is_available(self) -> bool:
+            return True
+
+        def current_device(self) -> Any:
+            return "cpu"
+
+        def device_count(self) -> int:
+            return 1
+
+        def set_device(self, device_index: int) -> None:
+            pass
+
+        def synchronize(self, device_index: int | None = None) -> None:
+            pass
+
+        def manual_seed(self, seed: int) -> None:
+            torch.manual_seed(seed)
+
+        def manual_seed_all(self, seed: int) -> None:
+            torch.manual_seed(seed)
+
+        def set_allocator_settings(self, settings: str) -> None:
+            pass
+
+        def empty_cache(self) -> None:
+            pass
+
+        def get_device_capability(self, device_index: int = 0) -> tuple[None, None]:
+            return None, None
+
+        def communication_backend_name(self) -> str:
+            return "gloo"
+
+        def visible_devices_envvar(self) -> str:
+            return "CUDA_VISIBLE_DEVICES"
+
+        @contextlib.contextmanager
+        def nvtx_range(self, msg: str) -> Iterator[None]:
+            yield
+
+        def profiler_start(self) -> None:
+            pass
+
+        def profiler_stop(self) -> None:
+            pass
+
+        def ray_resource_name(self) -> str:
+            return "CPU"
+
+        def ray_noset_envvars(self) -> list[str]:
+            return []
+
+        def is_ipc_supported(self) -> bool:
+            return False
+
+        def cudart(self) -> None:
+            return None
+
+    return CPUPlatform()
+
+
+def _tiny_model_dir(path: Path) -> Any:
+    """Byte-level BPE (tags are NOT single tokens) and a 2-layer Qwen2 (hidden 32), saved to `path`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = ["what is the capital of france? paris", "search the web <answer> london </answer> <search> x"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+    config = Qwen2Config(
+        vocab_size=len(fast),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        pad_token_id=fast.pad_token_id,
+        eos_token_id=fast.eos_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(str(path))
+    fast.save_pretrained(str(path))
+    return fast
+
+
+PROBE_POLICY_LOSS = {
+    "llds_lambda": 0.2,
+    "llds_answer_weight": "ma",
+    "lldmon_probe_size": 8,
+    "lldmon_anchor_size": 3,
+    "lldmon_anchor_interval": 1,
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_actor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any]]:
+    """A real verl 0.9.1 actor `LLDMonTrainingWorker` (FSDP2, gloo, one process) with lldmon's loss."""
+    import socket
+    from functools import partial
+
+    import torch.distributed as dist
+    from hydra import compose, initialize_config_dir
+    from verl.plugin.platform import platform_manager
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.config import HFModelConfig
+    from verl.workers.engine.base import EngineRegistry
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+    from verl.workers.engine_workers import TrainingWorkerConfig
+    from verl.workers.utils.losses import ppo_loss
+
+    path = tmp_path_factory.mktemp("tiny-verl-model")
+    tokenizer = _tiny_model_dir(path)
+    previous_platform = platform_manager._current_platform
+    registry = EngineRegistry._engines["language_model"]["fsdp2"]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in {
+            "RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }.items():
+            mp.setenv(key, value)
+        mp.setattr(platform_manager, "_current_platform", _cpu_platform())
+        mp.setitem(registry, "cpu", FSDPEngineWithLMHead)
+        mp.setitem(core_algos.POLICY_LOSS_REGISTRY, "lldmon", core_algos.POLICY_LOSS_REGISTRY["vanilla"])
+        tv.register()  # a fresh lldmon loss (the registry entry is restored afterwards)
+        dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+        try:
+            config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+            overrides = [
+                f"actor_rollout_ref.model.path={path}",
+                "actor_rollout_ref.actor.strategy=fsdp2",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                "actor_rollout_ref.actor.optim.lr=0.02",
+                "actor_rollout_ref.rollout.n=2",
+                "actor_rollout_ref.actor.policy_loss._target_=trainer_hooks.verl.LLDMonPolicyLossConfig",
+                "actor_rollout_ref.actor.policy_loss.loss_mode=lldmon",
+                *(f"+actor_rollout_ref.actor.policy_loss.{k}={v}" for k, v in PROBE_POLICY_LOSS.items()),
+            ]
+            with initialize_config_dir(config_dir=config_dir, version_base=None):
+                cfg = compose(config_name="ppo_trainer", overrides=overrides)
+            actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+            actor.model_config = HFModelConfig(
+                path=str(path),
+                use_remove_padding=True,
+                enable_gradient_checkpointing=False,
+                override_config={"attn_implementation": "sdpa"},
+            )
+            worker_config = TrainingWorkerConfig(
+                model_type="language_model",
+                model_config=actor.model_config,
+                engine_config=actor.engine,
+                optimizer_config=actor.optim,
+                checkpoint_config=actor.checkpoint,
+            )
+            worker_config.engine_config.micro_batch_size_per_gpu = 2
+            worker_config.engine_config.infer_micro_batch_size_per_gpu = 2
+            worker_config.engine_config.use_dynamic_bsz = False
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                worker = tv.training_worker_class()(config=worker_config)
+                worker.reset()
+            worker.set_loss_fn(partial(ppo_loss, config=actor))
+            yield worker, tokenizer
+        finally:
+            dist.destroy_process_group()
+    assert platform_manager._current_platform is previous_platform
+
+
+RESPONSES = [
+    "search the web <answer> paris </answer>",
+    "what is the capital <answer> london",
+    "the capital of france <answer> paris </answer>",
+    "search x search x search",
+    "<answer> london </answer> of france",
+    "france? paris <answer> paris </answer>",
+    "what <answer> x </answer> <answer> paris </answer>",
+    "search the web the capital of",
+]
+REWARDS = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+VALID_SEARCH = [1, 0, 2, 3, 0, 1, 1, 2]
+
+
+def _tiny_batch(tokenizer: Any, *, response_len: int = 16, prompt_len: int = 6) -> Any:
+    """A DataProto as verl's trainer hands it to the actor (before old log-probs), GRPO groups of 2."""
+    import numpy as np
+    from verl import DataProto
+
+    b = len(RESPONSES)
+    pad = tokenizer.pad_token_id
+    prompts = torch.full((b, prompt_len), pad)
+    prompt_mask = torch.zeros(b, prompt_len, dtype=torch.long)
+    responses = torch.full((b, response_len), pad)
+    response_attn = torch.zeros(b, response_len, dtype=torch.long)
+    for i, text in enumerate(RESPONSES):
+        p = tokenizer.encode("what is the capital?")[: prompt_len - (i % 2)]
+        prompts[i, prompt_len - len(p) :] = torch.tensor(p)
+        prompt_mask[i, prompt_len - len(p) :] = 1
+        r = tokenizer.encode(text)[:response_len]
+        responses[i, : len(r)] = torch.tensor(r)
+        response_attn[i, : len(r)] = 1
+    response_mask = response_attn.clone()
+    response_mask[:, 3:5] = 0  # tool feedback: two actions per response
+    scores = torch.zeros(b, response_len)
+    last = response_attn.sum(dim=1) - 1
+    scores[torch.arange(b), last] = torch.tensor(REWARDS)
+    group = torch.tensor(REWARDS).view(-1, 2)
+    adv = ((group - group.mean(dim=1, keepdim=True)) / (group.std(dim=1, keepdim=True) + 1e-6)).view(-1)
+    attention = torch.cat([prompt_mask, response_attn], dim=1)
+    proto = DataProto.from_dict(
+        tensors={
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": torch.cat([prompts, responses], dim=1),
+            "attention_mask": attention,
+            "position_ids": (attention.cumsum(dim=1) - 1).clamp(min=0),
+            "response_mask": response_mask,
+            "token_level_scores": scores,
+            "advantages": adv[:, None] * response_mask,
+        },
+        non_tensors={"valid_search_stats": np.array(VALID_SEARCH, dtype=object)},
+        meta_info={"temperature": 1.0},
+    )
+    return proto
+
+
+def _score(worker: Any, proto: Any) -> Tensor:
+    """(B, T) log-probs of the batch's responses under the worker's current policy (compute_log_prob)."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
+
+    td = left_right_2_no_padding(proto.to_tensordict())
+    tu.assign_non_tensor(td, calculate_entropy=False, compute_loss=False)
+    return no_padding_2_padding(tu.get(worker.infer_batch(td), "log_probs"), td).float()  # type: ignore[no-any-return]
+
+
+def _update(worker: Any, proto: Any, *, mini_batch_size: int = 4) -> dict[str, Any]:
+    """One training step as verl's RayPPOTrainer._update_actor does it; returns the logged actor metrics."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    td = left_right_2_no_padding(proto.to_tensordict())
+    tu.assign_non_tensor(
+        td,
+        calculate_entropy=False,
+        global_batch_size=mini_batch_size,
+        mini_batch_size=mini_batch_size,
+        epochs=1,
+        seed=1,
+        dataloader_kwargs={"shuffle": False},
+        compute_loss=True,
+    )
+    output = worker.train_mini_batch(td)
+    metrics = rename_dict(tu.get(output, "metrics"), "actor/")
+    return reduce_metrics(metrics)  # type: ignore[no-any-return]
+
+
+def test_probe_actor_reports_the_exact_post_update_delta(tiny_actor: tuple[Any, Any]) -> None:
+    worker, tokenizer = tiny_actor
+    proto = _tiny_batch(tokenizer)
+    before = _score(worker, proto)  # the rollout policy's log-probs, as verl recomputes them
+    proto.batch["old_log_probs"] = before
+    logged = _update(worker, proto)  # two mini-batches: two optimizer steps
+    after = _score(worker, proto)
+    mask = proto.batch["response_mask"]
+    assert bool(((after - before).abs() * mask).sum() > 0)  # the update really moved the policy
+    naive = measure_step(
+        old_logp=before,
+        new_logp=after,
+        mask=mask,
+        advantages=proto.batch["advantages"],
+        rewards=torch.tensor(REWARDS),
+        success_threshold=1.0,
+    ).metrics
+    out = tv.map_verl_metrics(logged)
+    for name in PROBE_METRICS:
+        assert math.isfinite(out[name]), name
+        assert out[name] == pytest.approx(naive[name], abs=1e-5), name
+    # the in-loss drift is published apart, as the proxy it is
+    assert M.XMB_DELTA_TRAJ_POS in out and out[M.XMB_DELTA_TRAJ_POS] != out[M.DELTA_TRAJ_POS]
+    # what the actor passed to the loss reached it: rewards, answer spans, the valid-search count
+    assert math.isfinite(out[M.LOGP_CORRECT])
+    assert math.isfinite(out[M.ADV_POS_NEG_MASS_RATIO_ANSWER])
+    assert out[VS_SOURCE] == 1.0
+    assert out[M.LLDS_ACTIVE] == 1.0
+
+
+def test_probe_actor_anchor_set_is_rescored_after_the_update(tiny_actor: tuple[Any, Any]) -> None:
+    worker, tokenizer = tiny_actor
+    worker._lldmon_anchors = None  # a fresh set
+    proto = _tiny_batch(tokenizer)
+    before = _score(worker, proto)
+    proto.batch["old_log_probs"] = before
+    out = tv.map_verl_metrics(_update(worker, proto))
+    after = _score(worker, proto)
+    anchors = [i for i, r in enumerate(REWARDS) if r >= 1.0][: PROBE_POLICY_LOSS["lldmon_anchor_size"]]
+    mask = proto.batch["response_mask"][anchors].bool()
+    assert out[M.ANCHOR_SIZE] == len(anchors)
+    assert out[M.ANCHOR_LOGP] == pytest.approx(float(after[anchors][mask].mean()), abs=1e-5)
+    delta = (after[anchors] - before[anchors])[mask]
+    assert out[M.ANCHOR_DELTA] == pytest.approx(float(delta.mean()), abs=1e-5)
+    d_traj = ((after[anchors] - before[anchors]) * mask).sum(dim=1)
+    assert out[M.ANCHOR_FRAC_DECREASED] == pytest.approx(float((d_traj < 0).double().mean()))
+
+
+def test_probe_actor_answer_masks_are_the_final_answer_spans(tiny_actor: tuple[Any, Any]) -> None:
+    _, tokenizer = tiny_actor
+    proto = _tiny_batch(tokenizer)
+    finder = tv.AnswerSpanFinder(tokenizer)
+    responses = proto.batch["responses"]
+    lengths = proto.batch["attention_mask"][:, -responses.shape[1] :].sum(dim=1)
+    mask = finder.mask(responses, lengths)
+    assert mask.any(dim=1).sum() >= 4
+    for i in range(len(RESPONSES)):
+        text = tokenizer.decode(responses[i][: int(lengths[i])].tolist())
+        marked = tokenizer.decode(responses[i][mask[i]].tolist())
+        start = text.rfind("<answer>")
+        if start < 0:
+            assert marked == "", text
+            continue
+        close = text.find("</answer>", start)
+        expected = text[start:] if close < 0 else text[start : close + len("</answer>")]
+        assert marked.strip() == expected.strip(), (text, marked)
+        assert bool(mask[i].nonzero().diff(dim=0).eq(1).all())  # one contiguous span
+
+
+def test_lldmon_config_installs_the_probe_actor_in_the_worker_process() -> None:
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    original = ActorRolloutRefWorker.actor_worker_cls
+    try:
+        ActorRolloutRefWorker.actor_worker_cls = verl.workers.engine_workers.TrainingWorker
+        tv.policy_loss_config_class()(lldmon_actor=False)
+        assert ActorRolloutRefWorker.actor_worker_cls is verl.workers.engine_workers.TrainingWorker
+        tv.policy_loss_config_class()()
+        assert ActorRolloutRefWorker.actor_worker_cls is tv.training_worker_class()
+        assert tv.LLDMonTrainingWorker is tv.training_worker_class()
+    finally:
+        ActorRolloutRefWorker.actor_worker_cls = original
+
+
+def test_probe_of_a_seeded_subset_equals_naive_rescoring_of_those_rows(
+    tiny_actor: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """probe_size 3 (not a multiple of the micro-batch size 2: padded, then dropped)."""
+    worker, tokenizer = tiny_actor
+    settings = tv.LossSettings(llds_lambda=0.2, probe_size=3, probe_seed=5, anchor_size=0)
+    monkeypatch.setattr(worker, "_lldmon_settings", lambda: settings)
+    worker._lldmon_step += 1  # the rows the next step will draw
+    rows = worker._lldmon_probe_rows(len(RESPONSES), settings)[:3]
+    worker._lldmon_step -= 1
+    assert len(set(rows.tolist())) == 3
+    proto = _tiny_batch(tokenizer)
+    before = _score(worker, proto)
+    proto.batch["old_log_probs"] = before
+    out = tv.map_verl_metrics(_update(worker, proto))
+    after = _score(worker, proto)
+    naive = measure_step(
+        old_logp=before[rows],
+        new_logp=after[rows],
+        mask=proto.batch["response_mask"][rows],
+        advantages=proto.batch["advantages"][rows],
+        rewards=torch.tensor(REWARDS)[rows],
+        success_threshold=1.0,
+    ).metrics
+    for name in PROBE_METRICS:
+        if name in naive:
+            assert out[name] == pytest.approx(naive[name], abs=1e-5), name
+        else:  # an empty population among the 3 rows: not published
+            assert name not in out, name
+    assert M.ANCHOR_LOGP not in out

@@ -1,0 +1,122 @@
+"""Streaming verl's logged scalars to lldmon: `attach` wraps a `verl.utils.tracking.Tracking`'s `log`
+so that every logged dict also goes to a sink under canonical names (`map_verl_metrics`), and passes
+the service's LLDS directive on (`on_directive`, e.g. `directive_file_writer`). Where verl creates its
+`Tracking` and how to reach it: docs/hooks-verl.md."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Final
+
+from trainer_hooks._sink import ScalarSink
+from trainer_hooks._warn import WarnOnce
+from trainer_hooks.verl.directive import llds_from_directive
+from trainer_hooks.verl.names import map_verl_metrics
+
+__all__ = ["attach", "attach_new_trackings", "detach"]
+
+logger = logging.getLogger("lldmon.verl")
+
+_ORIGINAL_LOG: Final = "_lldmon_original_log"
+
+
+def attach(
+    tracking: Any,
+    sink: ScalarSink,
+    *,
+    on_directive: Callable[[Any], object] | None = None,
+) -> Any:
+    """Make `tracking.log(data, step)` (a `verl.utils.tracking.Tracking`) also feed `sink`.
+
+    After verl's own loggers ran, `sink.log(int(step), map_verl_metrics(data))` is called. With
+    `on_directive`, `on_directive(sink.directive)` is then called whenever the sink's directive
+    (its LLDS switch, `llds_from_directive`) differs from the one last passed (the first time: at
+    the first log). Use `directive_file_writer(path)` to pass it to the verl workers through
+    `llds_directive_file` (docs/hooks-verl.md says what reaches the workers and what not).
+
+    Anything lldmon does here is guarded: an error is logged once (logger `lldmon.verl`) and never
+    reaches verl; verl's own logging runs first and unguarded. Attaching again replaces the
+    previous attachment. Returns `tracking`.
+    """
+    original = tracking.__dict__.get(_ORIGINAL_LOG)
+    if original is None:
+        original = tracking.log
+        tracking.__dict__[_ORIGINAL_LOG] = original
+    warn = WarnOnce(logger)
+    last_switch: list[tuple[bool, float] | None] = [None]
+
+    def log(data: Any, step: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(data, step, *args, **kwargs)
+        try:
+            sink.log(int(step), map_verl_metrics(data))
+        except Exception as exc:
+            warn(("sink", type(exc).__name__), "lldmon: could not send verl metrics: %r", exc)
+        if on_directive is not None:
+            try:
+                directive = getattr(sink, "directive", None)
+                switch = llds_from_directive(directive) if directive is not None else None
+                if switch is not None and switch != last_switch[0]:
+                    on_directive(directive)
+                    last_switch[0] = switch
+            except Exception as exc:
+                warn(("directive", type(exc).__name__), "lldmon: on_directive failed: %r", exc)
+        return result
+
+    tracking.log = log
+    return tracking
+
+
+def attach_new_trackings(
+    sink_factory: Callable[[], ScalarSink],
+    *,
+    on_directive: Callable[[Any], object] | None = None,
+) -> Callable[[], None]:
+    """`attach` every `verl.utils.tracking.Tracking` created from now on **in this process**.
+
+    verl 0.9.1 creates its `Tracking` inside the trainer (`RayPPOTrainer.init()` as
+    `trainer.logger` in the default v1 trainer, a local variable of `fit()` in v0), and the trainer
+    runs in the `TaskRunner` Ray actor, not in the launching process. So call this in that actor,
+    e.g. from a module that the launching shell names in `VERL_USE_EXTERNAL_MODULES` (verl imports
+    it in every process at `import verl`; Ray processes started by a local `ray.init` inherit the
+    variable)::
+
+        # my_lldmon_setup.py
+        from trainer_hooks.client import MonitorClient
+        from trainer_hooks.verl import attach_new_trackings, directive_file_writer
+        attach_new_trackings(
+            lambda: MonitorClient("http://lldmon:8000", "grpo-3b-nq", project="nq"),
+            on_directive=directive_file_writer("/shared/lldmon/directive.json"),
+        )
+
+    `sink_factory` is called once per new `Tracking` (only the process that builds a trainer
+    creates one, so other processes never open a client); an exception in it is logged and the
+    `Tracking` stays as verl made it. Returns a function that undoes the patch for later instances.
+    """
+    from verl.utils import tracking as tracking_module
+
+    cls = tracking_module.Tracking
+    original_init = cls.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        try:
+            attach(self, sink_factory(), on_directive=on_directive)
+        except Exception as exc:
+            logger.warning("lldmon: could not attach to a verl Tracking: %r", exc)
+
+    cls.__init__ = __init__
+
+    def undo() -> None:
+        cls.__init__ = original_init
+
+    return undo
+
+
+def detach(tracking: Any) -> None:
+    """Undo `attach`: `tracking.log` is verl's own again (no-op if not attached)."""
+    original = tracking.__dict__.pop(_ORIGINAL_LOG, None)
+    if original is not None:
+        tracking.__dict__.pop("log", None)
+        if getattr(tracking, "log", None) != original:  # `log` was an instance attribute before
+            tracking.log = original
