@@ -1336,3 +1336,50 @@ def test_probe_of_a_seeded_subset_equals_naive_rescoring_of_those_rows(
         else:  # an empty population among the 3 rows: not published
             assert name not in out, name
     assert M.ANCHOR_LOGP not in out
+
+
+def test_attach_new_trackings_gives_the_factory_verls_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sink is named like verl's experiment, in verl's project, with the job's config (issue 12, item 8)."""
+    seen: list[dict[str, Any]] = []
+
+    def factory(*, project: str | None, experiment: str | None, config: Any) -> RecordingSink:
+        seen.append({"project": project, "experiment": experiment, "config": config})
+        return RecordingSink()
+
+    undo = tv.attach_new_trackings(factory)
+    try:
+        Tracking("nq", "grpo-3b", default_backend="console", config={"trainer": {"total_epochs": 2}})
+    finally:
+        undo()
+    assert seen == [{"project": "nq", "experiment": "grpo-3b", "config": {"trainer": {"total_epochs": 2}}}]
+
+    # no factory: MonitorClient.from_env() under verl's names
+    from trainer_hooks.client import MonitorClient
+
+    monkeypatch.setenv("LLDMON_URL", "http://127.0.0.1:9")
+    monkeypatch.delenv("LLDMON_RUN", raising=False)
+    monkeypatch.delenv("LLDMON_PROJECT", raising=False)
+    monkeypatch.setenv("RANK", "1")  # a disabled client: nothing is sent from this test
+    made: list[Any] = []
+    original = tv.attach
+
+    def spy(tracking: Any, sink: Any, **kwargs: Any) -> Any:
+        made.append(sink)
+        return original(tracking, sink, **kwargs)
+
+    monkeypatch.setattr("trainer_hooks.verl.tracking.attach", spy)
+    undo = tv.attach_new_trackings()
+    try:
+        Tracking(
+            project_name="hotpot",
+            experiment_name="exp-7",
+            default_backend="console",
+            config=OmegaConf.create({"actor": {"lr": 1e-6}}),
+        )
+    finally:
+        undo()
+    (client,) = made
+    assert isinstance(client, MonitorClient)
+    assert client.identity.run_name == "exp-7" and client.identity.project == "hotpot"
+    assert client.identity.config == {"actor": {"lr": 1e-6}}
+    client.close(timeout=1)

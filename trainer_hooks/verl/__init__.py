@@ -5,8 +5,9 @@ exact post-update probe, and verl's per-step scalars streamed to the lldmon serv
     actor_rollout_ref.actor.policy_loss.loss_mode=lldmon
     +actor_rollout_ref.actor.policy_loss.llds_lambda=0.2          # optional: LLDS on (0 = off)
 
-and, in the process that owns verl's trainer, `attach(trainer.logger, client)` (or
-`attach_new_trackings(lambda: client)` from a module named in `VERL_USE_EXTERNAL_MODULES`).
+and, in the process that owns verl's trainer, `attach(trainer.logger, client)`, or
+`attach_new_trackings()` from a module named in `VERL_USE_EXTERNAL_MODULES` (with `LLDMON_URL` set:
+a `MonitorClient.from_env()` named after verl's experiment, in verl's project, with the job's config).
 
 - `LLDMonPolicyLossConfig`: verl's `PolicyLossConfig` with lldmon's keys (`SETTING_KEYS`); building
   it registers the "lldmon" loss (`register`) and installs the probe actor (`install`) in the

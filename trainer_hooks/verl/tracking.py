@@ -5,8 +5,9 @@ the service's LLDS directive on (`on_directive`, e.g. `directive_file_writer`). 
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from trainer_hooks._sink import ScalarSink
@@ -14,7 +15,7 @@ from trainer_hooks._warn import WarnOnce
 from trainer_hooks.verl.directive import llds_from_directive
 from trainer_hooks.verl.names import map_verl_metrics
 
-__all__ = ["attach", "attach_new_trackings", "detach"]
+__all__ = ["attach", "attach_new_trackings", "default_sink_factory", "detach"]
 
 logger = logging.getLogger("lldmon.verl")
 
@@ -67,8 +68,46 @@ def attach(
     return tracking
 
 
+def _plain_config(config: Any) -> Mapping[str, Any] | None:
+    """verl's config (an OmegaConf DictConfig, a dict or None) as plain containers for the run's config."""
+    if config is None:
+        return None
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(config, DictConfig):
+            plain = OmegaConf.to_container(config, resolve=True)
+            return plain if isinstance(plain, dict) else None
+    except Exception:  # unresolvable interpolations, no omegaconf: fall back to the mapping itself
+        pass
+    return config if isinstance(config, Mapping) else None
+
+
+def _takes_run_identity(factory: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+    kinds = {p.kind for p in params.values()}
+    return inspect.Parameter.VAR_KEYWORD in kinds or {"project", "experiment", "config"} <= set(params)
+
+
+def default_sink_factory(*, project: str | None, experiment: str | None, config: Any) -> ScalarSink:
+    """`MonitorClient.from_env(run=experiment, project=project, config=config)`: the run is named like
+    verl's experiment, in verl's project (`LLDMON_RUN` / `LLDMON_PROJECT` win when set)."""
+    import os
+
+    from trainer_hooks.client import MonitorClient
+
+    return MonitorClient.from_env(
+        run=os.environ.get("LLDMON_RUN") or experiment,
+        project=os.environ.get("LLDMON_PROJECT") or project,
+        config=config,
+    )
+
+
 def attach_new_trackings(
-    sink_factory: Callable[[], ScalarSink],
+    sink_factory: Callable[..., ScalarSink] | None = None,
     *,
     on_directive: Callable[[Any], object] | None = None,
 ) -> Callable[[], None]:
@@ -90,18 +129,36 @@ def attach_new_trackings(
         )
 
     `sink_factory` is called once per new `Tracking` (only the process that builds a trainer
-    creates one, so other processes never open a client); an exception in it is logged and the
-    `Tracking` stays as verl made it. Returns a function that undoes the patch for later instances.
+    creates one, so other processes never open a client), with verl's names when it accepts them:
+    `sink_factory(project=<trainer.project_name>, experiment=<trainer.experiment_name>, config=<the
+    job's config as plain dicts>)`, else with no argument. None (default): `default_sink_factory`,
+    a `MonitorClient.from_env()` named after verl's experiment in verl's project, so
+    `attach_new_trackings()` with `LLDMON_URL` set is all a job needs. An exception in the factory
+    is logged and the `Tracking` stays as verl made it. Returns a function that undoes the patch
+    for later instances.
     """
     from verl.utils import tracking as tracking_module
 
     cls = tracking_module.Tracking
     original_init = cls.__init__
+    factory: Callable[..., ScalarSink] = sink_factory if sink_factory is not None else default_sink_factory
+    with_identity = _takes_run_identity(factory)
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
         try:
-            attach(self, sink_factory(), on_directive=on_directive)
+            if with_identity:
+                bound = inspect.signature(original_init).bind(self, *args, **kwargs)
+                bound.apply_defaults()
+                names = bound.arguments
+                sink = factory(
+                    project=names.get("project_name"),
+                    experiment=names.get("experiment_name"),
+                    config=_plain_config(names.get("config")),
+                )
+            else:
+                sink = factory()
+            attach(self, sink, on_directive=on_directive)
         except Exception as exc:
             logger.warning("lldmon: could not attach to a verl Tracking: %r", exc)
 
