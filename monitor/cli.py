@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from contracts.directive import DEFAULT_LLDS_LAMBDA
+from monitor.lab.cli import lab_app as _lab_app
 
 app = typer.Typer(help="lldmon: collapse diagnostics for GRPO agent training.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema migrations.", no_args_is_help=True)
@@ -21,6 +22,7 @@ app.add_typer(db_app, name="db")
 app.add_typer(alerts_app, name="alerts")
 app.add_typer(token_app, name="token")
 app.add_typer(runs_app, name="runs")
+app.add_typer(_lab_app, name="lab")
 
 console = Console()
 

@@ -1,0 +1,116 @@
+"""The labelled collapse step of a run: one mechanical rule, used everywhere the lab labels a run.
+
+The rule (`sustained_collapse_step`), on the reward series as logged (`reward/mean`; TRL logs it once
+per rollout batch, i.e. every `steps_per_generation` optimizer steps):
+
+1. trailing mean: at every logged point `i`, `m_i` = mean of the rewards logged at steps in
+   `(step_i - window, step_i]` (default window 10 steps; NaN rewards are ignored);
+2. running peak: `p_i = max(m_0, ..., m_i)`;
+3. the labelled collapse step is the first logged step `step_i` such that `m_j < fraction * p_j` for
+   EVERY later point `j >= i` up to the end of the run (default fraction 0.2), provided that
+   - the peak was worth losing: `p_i >= min_peak` (default 0.05), and
+   - the run went on long enough to tell: `last step - step_i >= min_after` (default 10 steps).
+
+Once `m_j < fraction * p_j` holds, `m_j` is below the peak, so the peak is constant from `i` on: the
+condition reads "the 10-step mean stays below 20 % of the best 10-step mean seen so far, until the end".
+A dip that recovers above 20 % of the peak (noisy recovery) is not a collapse; a later dip that lasts to
+the end is, at its own first step. A run that ends fewer than `min_after` steps after the dip began is
+not labelled (too short to tell). None: no collapse.
+
+Pure (no I/O); `monitor.detector.labels.reward_collapse_step` (first drop below half the peak of a
+3-point median) is the detector evaluation's older, instantaneous label and is not this rule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Final
+
+__all__ = [
+    "COLLAPSE_FRACTION",
+    "MIN_AFTER",
+    "MIN_PEAK",
+    "WINDOW",
+    "sustained_collapse_step",
+    "trailing_means",
+]
+
+WINDOW: Final = 10
+"""Steps in the trailing mean of the reward."""
+COLLAPSE_FRACTION: Final = 0.2
+"""Collapsed: the trailing mean stays below this fraction of its running peak until the end."""
+MIN_PEAK: Final = 0.05
+"""A peak trailing mean below this is nothing to collapse from (no label)."""
+MIN_AFTER: Final = 10
+"""Steps the run must last after the labelled step (else too short to tell; no label)."""
+
+
+def _clean(steps: Sequence[int], rewards: Sequence[float]) -> tuple[list[int], list[float]]:
+    if len(steps) != len(rewards):
+        raise ValueError(f"steps and rewards differ in length ({len(steps)} vs {len(rewards)})")
+    by_step: dict[int, float] = {}
+    for s, r in zip(steps, rewards, strict=True):
+        if math.isfinite(r):
+            by_step[int(s)] = float(r)  # a step logged twice: the later value wins
+    ordered = sorted(by_step)
+    return ordered, [by_step[s] for s in ordered]
+
+
+def trailing_means(
+    steps: Sequence[int], rewards: Sequence[float], window: int = WINDOW
+) -> tuple[list[int], list[float]]:
+    """(steps, means): at each logged step `s` with a finite reward, the mean of the finite rewards
+    logged at steps in `(s - window, s]`. Steps are sorted; a step logged twice keeps its later value."""
+    if window < 1:
+        raise ValueError("window must be >= 1")
+    s, r = _clean(steps, rewards)
+    means: list[float] = []
+    first = 0
+    for i, step in enumerate(s):
+        while s[first] <= step - window:
+            first += 1
+        means.append(sum(r[first : i + 1]) / (i + 1 - first))  # a fresh sum: no drift over long runs
+    return s, means
+
+
+def sustained_collapse_step(
+    steps: Sequence[int],
+    rewards: Sequence[float],
+    *,
+    window: int = WINDOW,
+    fraction: float = COLLAPSE_FRACTION,
+    min_peak: float = MIN_PEAK,
+    min_after: int = MIN_AFTER,
+) -> int | None:
+    """The labelled collapse step of a reward series (rule: module docstring), or None.
+
+    steps: (n,) logged steps; rewards: (n,) rewards at those steps (NaN/inf ignored). O(n * window).
+
+    The trailing mean lags: after a sudden drop from a plateau p to ~0, the mean falls below 0.2 p once
+    fewer than 2 of the window's points are from the plateau, i.e. about `window - 2` steps after the
+    last good step (when the reward is logged every step). Lead times measured against this label
+    include that lag.
+    """
+    s, means = trailing_means(steps, rewards, window)
+    if not s:
+        return None
+    peaks: list[float] = []
+    peak = -math.inf
+    for m in means:
+        peak = max(peak, m)
+        peaks.append(peak)
+    start: int | None = None  # first index of the suffix where every point is below fraction * peak
+    for i in range(len(s) - 1, -1, -1):
+        if means[i] < fraction * peaks[i]:
+            start = i
+        else:
+            break
+    if start is None:
+        return None
+    for i in range(start, len(s)):
+        if s[-1] - s[i] < min_after:
+            return None
+        if peaks[i] >= min_peak:  # the peak is constant along the suffix unless rewards are negative
+            return s[i]
+    return None
