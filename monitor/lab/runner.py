@@ -370,6 +370,9 @@ class _Lab:
             str(work),
             "--summary-json",
             str(work / "summary.json"),
+            # every metric the hooks sent, at every step: the raw material of recorded fixtures
+            "--metrics-jsonl",
+            str(work / "metrics.jsonl"),
         ]
         if self.o.token:
             command += ["--lldmon-token", self.o.token]

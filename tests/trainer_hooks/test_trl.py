@@ -719,3 +719,25 @@ def test_auto_sizes_follow_rows_per_step(rows: int, probe: int, anchors: int) ->
     from trainer_hooks.trl import auto_anchor_size, auto_probe_size
 
     assert auto_probe_size(rows) == probe and auto_anchor_size(rows) == anchors
+
+
+@trl_warnings
+def test_bad_arguments_fail_before_a_client_is_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    monkeypatch.setenv("LLDMON_URL", "http://127.0.0.1:9")
+    tok = tiny.build_tokenizer()
+    before = {t.ident for t in threading.enumerate() if t.name == "lldmon-sender"}
+    with pytest.raises(ValueError, match="llds_gate"):
+        MonitoredGRPOTrainer(
+            model=tiny.build_model(tok),
+            reward_funcs=tiny.hashed_reward,
+            args=tiny.grpo_config(tmp_path, tok),
+            train_dataset=tiny.build_dataset(),
+            processing_class=tok,
+            llds_gate="everywhere",
+        )
+    with pytest.raises(ValueError, match="anchor_size"):
+        MonitoredGRPOTrainer(model=None, anchor_size=-1)
+    after = {t.ident for t in threading.enumerate() if t.name == "lldmon-sender"}
+    assert after == before

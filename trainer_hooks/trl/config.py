@@ -18,6 +18,7 @@ __all__ = [
     "MonitorSettings",
     "auto_anchor_size",
     "auto_probe_size",
+    "env_configured",
     "has_directive",
     "rows_per_step",
     "sink_from_env",
@@ -122,12 +123,17 @@ class FromEnv:
 FROM_ENV: Final = FromEnv()
 
 
+def env_configured() -> bool:
+    """Whether the environment names an lldmon service (`LLDMON_URL`)."""
+    return bool(os.environ.get("LLDMON_URL", "").strip())
+
+
 def sink_from_env(args: Any) -> MetricSink | None:
     """`MonitorClient.from_env()` named after `args.run_name` with `args.to_dict()` as its config, or
     None (logged) when `LLDMON_URL` is not set."""
     from trainer_hooks.client import MonitorClient
 
-    if not os.environ.get("LLDMON_URL"):
+    if not env_configured():
         logger.info(
             "lldmon: no lldmon_sink and LLDMON_URL is not set: monitoring is off (set LLDMON_URL, or pass "
             "lldmon_sink=MonitorClient(...))"

@@ -8,7 +8,7 @@ to its measurement driver (`trainer_hooks.trl.measurement`) and its regulariser 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -20,7 +20,14 @@ from contracts.directive import DEFAULT_LLDS_LAMBDA
 from trainer_hooks._sink import MetricSink
 from trainer_hooks.anchors import AnchorSet
 from trainer_hooks.trl.callback import LLDMonitorCallback, RegularizerCallback
-from trainer_hooks.trl.config import FROM_ENV, FromEnv, MonitorSettings, has_directive, sink_from_env
+from trainer_hooks.trl.config import (
+    FROM_ENV,
+    FromEnv,
+    MonitorSettings,
+    env_configured,
+    has_directive,
+    sink_from_env,
+)
 from trainer_hooks.trl.llds import DEFAULT_ANSWER_PATTERN, LLDSSwitch, RegularizerSettings
 from trainer_hooks.trl.measurement import MeasurementDriver
 from trainer_hooks.trl.regularizer import RegularizerDriver
@@ -105,9 +112,8 @@ class MonitoredGRPOTrainer(GRPOTrainer):
         sapo_normalize: str = "preserving_tokens",
         **kwargs: Any,
     ) -> None:
-        config = kwargs.get(
-            "args", args[2] if len(args) > 2 else None
-        )  # GRPOTrainer(model, reward_funcs, args)
+        # GRPOTrainer(model, reward_funcs, args, ...): the GRPOConfig, by keyword or position
+        config = kwargs.get("args", args[2] if len(args) > 2 else None)
         monitor_settings = MonitorSettings.build(
             args=config,
             probe_size=probe_size,
@@ -120,7 +126,7 @@ class MonitoredGRPOTrainer(GRPOTrainer):
             anchor_interval=anchor_interval,
             flush_timeout=flush_timeout,
         )
-        sink = sink_from_env(config) if isinstance(lldmon_sink, FromEnv) else lldmon_sink
+        from_env = isinstance(lldmon_sink, FromEnv)
         llds_settings = RegularizerSettings.build(
             llds=llds,
             llds_lambda=llds_lambda,
@@ -132,8 +138,10 @@ class MonitoredGRPOTrainer(GRPOTrainer):
             sapo_weight=sapo_weight,
             sapo_threshold=sapo_threshold,
             sapo_normalize=sapo_normalize,
-            sink_has_directive=has_directive(sink),
+            # a client from the environment has a directive; validate before starting one
+            sink_has_directive=env_configured() if from_env else has_directive(lldmon_sink),
         )
+        sink = sink_from_env(config) if from_env else cast("MetricSink | None", lldmon_sink)
         super().__init__(*args, **kwargs)
         self.lldmon_sink: MetricSink | None = sink
         self.lldmon_settings = monitor_settings
