@@ -573,15 +573,49 @@ def evaluate_detector(
     real_runs: Annotated[
         Path | None, typer.Option(help="Folder of real logs used as controls (shared/datasets/real_runs).")
     ] = None,
+    lab: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder of recorded lab runs (*.jsonl.gz; default: tests/fixtures/lab of the checkout)."
+        ),
+    ] = None,
+    no_lab: Annotated[bool, typer.Option("--no-lab", help="Leave out the recorded lab runs.")] = False,
     per_run: Annotated[bool, typer.Option(help="Print one row per run.")] = False,
-    check: Annotated[bool, typer.Option(help="Exit 1 if a target is missed.")] = False,
+    check: Annotated[bool, typer.Option(help="Exit 1 if a target of a --gate source is missed.")] = False,
+    gate: Annotated[
+        str,
+        typer.Option(
+            help="Sources whose targets --check enforces (comma-separated: generated, lab, third-party)."
+        ),
+    ] = "generated,third-party",
 ) -> None:
-    """Run the detector over labelled runs: lead time, detection delay, false alarms, targets."""
+    """Run the detector over labelled runs and print the score per source (generated, lab, third-party):
+    lead time, detection delay, false alarms, targets."""
     from monitor.detector.scenarios import scenario_suite
-    from monitor.evaluation import LabelledRun, evaluate, render
+    from monitor.evaluation import SOURCES, LabelledRun, evaluate, render
     from monitor.evaluation import real_runs as load_real_runs
+    from monitor.lab.fixtures import FixtureError, default_fixture_dir, load_fixtures
 
+    gated = [s.strip() for s in gate.split(",") if s.strip()]
+    unknown = [s for s in gated if s not in SOURCES]
+    if unknown:
+        console.print(f"[red]error:[/red] unknown source(s) {', '.join(unknown)}; use {', '.join(SOURCES)}")
+        raise typer.Exit(2)
     runs = [LabelledRun.from_scenario(s) for s in scenario_suite(collapse, controls, seed)]
+    lab_dir = None if no_lab else (lab if lab is not None else default_fixture_dir())
+    if lab_dir is not None:
+        if not lab_dir.is_dir():
+            console.print(f"[red]error:[/red] {lab_dir} is not a directory")
+            raise typer.Exit(2)
+        try:
+            recorded = load_fixtures(lab_dir)
+        except FixtureError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2) from None
+        typer.echo(f"lab: {len(recorded)} recorded runs from {lab_dir}")
+        runs += recorded
+    elif not no_lab:
+        typer.echo("lab: no recorded runs (not a source checkout; pass --lab DIR)")
     if real_runs is not None:
         if not real_runs.is_dir():
             console.print(f"[red]error:[/red] {real_runs} is not a directory")
@@ -590,7 +624,13 @@ def evaluate_detector(
     with console.status(f"evaluating {len(runs)} runs"):
         report = evaluate(runs)
     typer.echo(render(report, per_run=per_run))
-    if check and not report.all_met:
+    ungated = [t for t in report.missed() if t.source not in gated]
+    if ungated:
+        typer.echo(
+            f"\nmissed, not gated by --check (--gate {gate}): "
+            + "; ".join(f"[{t.source}] {t.name}: {t.value}" for t in ungated)
+        )
+    if check and report.missed(gated):
         raise typer.Exit(1)
 
 

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from monitor.detector.labels import collapse_step, trailing_means
 from monitor.lab.grid import (
     PRESETS,
     GridError,
@@ -30,7 +31,6 @@ from monitor.lab.grid import (
     parse_list,
     resolve_grid,
 )
-from monitor.lab.labels import sustained_collapse_step, trailing_means
 from monitor.lab.results import analyse, group_stats, render_markdown, summary_payload
 
 # ----------------------------------------------------------------------------------------------
@@ -85,9 +85,7 @@ def test_label_matches_the_naive_loop(
 ) -> None:
     steps, rewards = series
     expected = naive_collapse_step(steps, rewards, window, fraction, 0.05, min_after)
-    got = sustained_collapse_step(
-        steps, rewards, window=window, fraction=fraction, min_peak=0.05, min_after=min_after
-    )
+    got = collapse_step(steps, rewards, window=window, fraction=fraction, min_peak=0.05, min_after=min_after)
     assert got == expected
 
 
@@ -96,14 +94,10 @@ def test_label_matches_the_naive_loop(
 def test_label_ignores_input_order_and_nan(series: tuple[list[int], list[float]]) -> None:
     steps, rewards = series
     pairs = list(zip(steps, rewards, strict=True))[::-1]
-    assert sustained_collapse_step([s for s, _ in pairs], [r for _, r in pairs]) == sustained_collapse_step(
-        steps, rewards
-    )
+    assert collapse_step([s for s, _ in pairs], [r for _, r in pairs]) == collapse_step(steps, rewards)
     with_gaps = [math.nan if i % 7 == 3 else r for i, r in enumerate(rewards)]
     clean = [(s, r) for s, r in zip(steps, with_gaps, strict=True) if not math.isnan(r)]
-    assert sustained_collapse_step(steps, with_gaps) == sustained_collapse_step(
-        [s for s, _ in clean], [r for _, r in clean]
-    )
+    assert collapse_step(steps, with_gaps) == collapse_step([s for s, _ in clean], [r for _, r in clean])
 
 
 def test_trailing_means_window_in_steps() -> None:
@@ -118,37 +112,37 @@ def _steps(n: int) -> list[int]:
 
 def test_healthy_run_has_no_label() -> None:
     rewards = [0.3 + 0.3 * i / 400 + (0.1 if i % 3 == 0 else -0.1) for i in range(400)]
-    assert sustained_collapse_step(_steps(400), rewards) is None
+    assert collapse_step(_steps(400), rewards) is None
 
 
 def test_early_collapse() -> None:
     """Five good steps, then almost nothing: the 10-step mean drops under 20 % of the 0.3 peak once a
     single good step is left in the window (step 14: window 5..14)."""
     rewards = [0.3] * 5 + [0.01] * 95
-    assert sustained_collapse_step(_steps(100), rewards) == 14
+    assert collapse_step(_steps(100), rewards) == 14
 
 
 def test_late_collapse() -> None:
     good = [0.3 + 0.2 * i / 200 for i in range(200)]
     rewards = good + [0.0] * 200
-    label = sustained_collapse_step(_steps(400), rewards)
+    label = collapse_step(_steps(400), rewards)
     assert label is not None and 201 <= label <= 210
 
 
 def test_noisy_recovery_is_not_a_collapse() -> None:
     """A 15-step dip to zero that recovers is not a collapse; a later dip that lasts is, at its start."""
     rewards = [0.4] * 50 + [0.0] * 15 + [0.4] * 50
-    assert sustained_collapse_step(_steps(len(rewards)), rewards) is None
+    assert collapse_step(_steps(len(rewards)), rewards) is None
     rewards_then_die = rewards + [0.0] * 40
-    label = sustained_collapse_step(_steps(len(rewards_then_die)), rewards_then_die)
+    label = collapse_step(_steps(len(rewards_then_die)), rewards_then_die)
     assert label is not None and label > 115
 
 
 def test_no_label_without_a_peak_or_without_time_to_tell() -> None:
-    assert sustained_collapse_step(_steps(100), [0.04] * 20 + [0.0] * 80) is None  # peak < 0.05
-    assert sustained_collapse_step(_steps(100), [0.4] * 95 + [0.0] * 5) is None  # too short to tell
-    assert sustained_collapse_step([], []) is None
-    assert sustained_collapse_step(_steps(3), [math.nan] * 3) is None
+    assert collapse_step(_steps(100), [0.04] * 20 + [0.0] * 80) is None  # peak < 0.05
+    assert collapse_step(_steps(100), [0.4] * 95 + [0.0] * 5) is None  # too short to tell
+    assert collapse_step([], []) is None
+    assert collapse_step(_steps(3), [math.nan] * 3) is None
 
 
 def test_sparse_logging_every_fourth_step() -> None:
@@ -156,12 +150,12 @@ def test_sparse_logging_every_fourth_step() -> None:
     steps = list(range(1, 400, 4))
     rewards = [0.4 if s < 150 else 0.0 for s in steps]
     # last good step 149; the window (151, 161] is the first with no good point left
-    assert sustained_collapse_step(steps, rewards) == 161
+    assert collapse_step(steps, rewards) == 161
 
 
 def test_label_input_errors() -> None:
     with pytest.raises(ValueError, match="differ in length"):
-        sustained_collapse_step([1, 2], [0.1])
+        collapse_step([1, 2], [0.1])
     with pytest.raises(ValueError, match="window"):
         trailing_means([1], [0.1], window=0)
 
@@ -454,7 +448,7 @@ def test_runner_with_a_fake_script(tmp_path: Path) -> None:
     assert rows[13]["status"] == "failed" and rows[13]["returncode"] == 3 and rows[13]["run_id"] is None
     assert rows[0]["status"] == "finished" and rows[0]["collapse_step"] is None
     steps = list(range(1, 61))
-    expected = sustained_collapse_step(steps, [0.4 if s < 30 else 0.0 for s in steps])
+    expected = collapse_step(steps, [0.4 if s < 30 else 0.0 for s in steps])
     assert expected is not None and rows[1]["collapse_step"] == expected
     assert rows[1]["steps_done"] == 60 and rows[1]["best_reward"] == pytest.approx(0.4)
     assert rows[1]["final_reward"] == 0.0

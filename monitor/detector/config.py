@@ -79,11 +79,10 @@ class DetectorConfig:
 
     # --- reward crash ------------------------------------------------------------------------------------
     reward_smooth: int = 3
-    """Trailing median length of the reward; the same smoothing defines the labelled collapse step
-    (`monitor.detector.labels`), so a single noisy step is never a crash."""
+    """Trailing median length of the reward, so a single noisy step is never a crash (the labelled
+    collapse step of the evaluation is another, slower rule: `monitor.detector.labels.collapse_step`)."""
     reward_crash_frac: float = 0.5
-    """Crash: smoothed reward below floor + this share of (running peak - floor) (the brief's label:
-    reward < half its peak)."""
+    """Crash: smoothed reward below floor + this share of (running peak - floor)."""
     reward_floor: float = 0.0
     """The reward's "zero" (0 for the 0/1 exact-match rewards of Search-R1)."""
     reward_crash_z: float = 6.0

@@ -10,8 +10,8 @@ onsets, scales and noise:
   turns down, then goes to 0; > 50 % of correct samples lose likelihood; response length stays flat;
   incorrect responses sit below correct ones after ~step 80.
 Onsets: decay U[45, 80], collapse = decay + U[45, 75], reward turn-down 0-8 steps after the collapse onset,
-surges start 0-6 steps after it. The label is the first step where the 3-point median reward falls below
-half its running peak (`labels.reward_collapse_step`).
+surges start 0-6 steps after it. The label is the one collapse rule of every lldmon number
+(`labels.collapse_step`: the reward's 10-step trailing mean stays below 20 % of its running peak).
 
 Controls: healthy runs (reward rises and saturates, entropy decays smoothly, likelihood of correct
 responses rises, isolated grad-norm spikes of up to 40x and spike clusters like the verl GSM8K Qwen log)
@@ -29,7 +29,7 @@ from typing import Final, Literal
 import numpy as np
 
 from contracts import metrics as M
-from monitor.detector.labels import reward_collapse_step
+from monitor.detector.labels import collapse_step
 from monitor.detector.stats import FloatArray, IntArray
 from monitor.detector.types import BoolArray
 
@@ -56,7 +56,7 @@ class Scenario:
     values: dict[str, FloatArray]
     present: dict[str, BoolArray]
     collapse_step: int | None
-    """Label: first step where the reward falls below half its running peak (None for controls)."""
+    """Label: `labels.collapse_step` of the reward (None for controls)."""
     onsets: dict[str, int] = field(default_factory=dict)
     """Generating phase onsets ("decay", "collapse") of collapse runs."""
 
@@ -205,7 +205,7 @@ def collapse_scenario(seed: int) -> Scenario:
         nan_at = min(n - 1, label_guess + int(rng.integers(10, 30)))
         values[M.GRAD_NORM][nan_at:] = np.nan
         values[M.LOSS][nan_at:] = np.nan
-    label = reward_collapse_step(np.arange(n), reward)
+    label = collapse_step(np.arange(n), reward)
     return _finish(
         f"collapse-{seed}+hooks", "collapse", seed, values, label, {"decay": t1, "collapse": t2}, absent
     )

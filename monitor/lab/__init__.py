@@ -1,11 +1,8 @@
 """Collapse lab: grids of real GRPO search-agent runs (examples/search_r1_grpo.py, as subprocesses)
-streaming to one lldmon service, with a mechanical collapse label and a summary per setting.
+streaming to one lldmon service, labelled by the one collapse rule (`monitor.detector.labels`), with a
+summary per setting and recorded runs as fixtures.
 
-Modules: `labels` (the collapse rule, pure), `grid` (settings, presets, grid files), `results` (records
-and summaries, pure), `runner` (processes, service, progress), `cli` (`lldmon lab`). Never imports
-torch: the training runs in separate processes.
+Modules: `grid` (settings, presets, grid files), `results` (records and summaries, pure), `runner`
+(processes, service, progress), `fixtures` (recorded runs for tests and `lldmon eval`), `cli`
+(`lldmon lab`). Never imports torch: the training runs in separate processes.
 """
-
-from monitor.lab.labels import sustained_collapse_step
-
-__all__ = ["sustained_collapse_step"]

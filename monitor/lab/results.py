@@ -7,7 +7,7 @@ is recomputed from that raw data by `analyse`, so changing the rule relabels old
 (`lldmon lab summary DIR`).
 
 Derived per run:
-- `collapse_step`: `monitor.lab.labels.sustained_collapse_step` of the reward;
+- `collapse_step`: `monitor.detector.labels.collapse_step` of the reward (the one collapse rule);
 - `first_alert` (and its kind): the smallest `first_step` of any lldmon alert;
 - `first_decay`: the first phase event into `decay` or `collapse`; `first_collapse_phase`: into
   `collapse` (phase III);
@@ -29,14 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from monitor.lab.labels import (
-    COLLAPSE_FRACTION,
-    MIN_AFTER,
-    MIN_PEAK,
-    WINDOW,
-    sustained_collapse_step,
-    trailing_means,
-)
+from monitor.detector.labels import RULE_TEXT, collapse_step, trailing_means
 
 __all__ = [
     "RULE_TEXT",
@@ -49,11 +42,6 @@ __all__ = [
     "summary_payload",
 ]
 
-RULE_TEXT: Final = (
-    f"labelled collapse step: the first step after which the reward's {WINDOW}-step trailing mean stays "
-    f"below {COLLAPSE_FRACTION:.0%} of its running peak until the end of the run, if that peak was "
-    f">= {MIN_PEAK} and the run lasted >= {MIN_AFTER} steps past it (monitor/lab/labels.py)"
-)
 FINISHED: Final = "finished"
 
 
@@ -99,7 +87,7 @@ def analyse(record: Mapping[str, Any]) -> Derived:
         for d in record.get("directives", [])
         if d.get("enabled")
     )
-    collapse = sustained_collapse_step(steps, values)
+    collapse = collapse_step(steps, values)
     first_warning = _min([first_alert, first_decay])
     lead = None if collapse is None or first_warning is None else collapse - first_warning
     run = record.get("run") or {}

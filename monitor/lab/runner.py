@@ -43,8 +43,8 @@ from rich.table import Table
 
 from contracts import metrics as M
 from contracts.wire import API_PREFIX
+from monitor.detector.labels import collapse_step, trailing_means
 from monitor.lab.grid import RunSpec
-from monitor.lab.labels import sustained_collapse_step, trailing_means
 from monitor.lab.results import FINISHED, analyse, read_records, render_markdown, summary_payload
 
 __all__ = ["LabError", "LabOptions", "LabReport", "default_jobs", "run_lab", "write_summary"]
@@ -455,7 +455,7 @@ class _Lab:
             while not a.training.lines.empty():
                 a.note = a.training.lines.get_nowait()
             _, means = trailing_means(a.reward_steps, a.reward_values)
-            collapse = sustained_collapse_step(a.reward_steps, a.reward_values)
+            collapse = collapse_step(a.reward_steps, a.reward_values)
             table.add_row(
                 escape(a.name),
                 str(a.spec.seed),

@@ -722,7 +722,9 @@ def test_auto_sizes_follow_rows_per_step(rows: int, probe: int, anchors: int) ->
 
 
 @trl_warnings
-def test_bad_arguments_fail_before_a_client_is_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_arguments_fail_before_a_client_is_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import threading
 
     monkeypatch.setenv("LLDMON_URL", "http://127.0.0.1:9")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,9 @@ from monitor.detector.scenarios import collapse_scenario, healthy_scenario, scen
 from monitor.evaluation import (
     DELAY_TARGET,
     LEAD_TARGET,
+    SOURCE_GENERATED,
+    SOURCE_LAB,
+    SOURCE_THIRD_PARTY,
     LabelledRun,
     check_targets,
     evaluate,
@@ -50,6 +54,50 @@ def test_label_is_computed_when_missing() -> None:
     run = LabelledRun("unlabelled", "x", s.steps, s.values, collapses=True, present=s.present)
     (report,) = evaluate([run]).runs
     assert report.collapse_step == s.collapse_step
+
+
+def test_scores_and_targets_per_source() -> None:
+    """Each source gets its own summary row and its own targets: a good score on generated runs cannot
+    hide a bad one elsewhere."""
+    s = collapse_scenario(11)
+    generated = LabelledRun.from_scenario(s)
+    late = LabelledRun(  # a "lab" collapse labelled at 5, long before the reward drop the detector sees
+        name="lab-late",
+        group="lab-g",
+        steps=np.arange(60),
+        values={M.REWARD_MEAN: np.r_[np.full(20, 0.3), np.zeros(40)], M.GRAD_NORM: np.full(60, 0.5)},
+        collapses=True,
+        collapse_step=5,
+        source=SOURCE_LAB,
+    )
+    control = LabelledRun.from_scenario(healthy_scenario(3))
+    third = LabelledRun(
+        "third", "real", control.steps, control.values, collapses=False, source=SOURCE_THIRD_PARTY
+    )
+    report = evaluate([generated, late, control, third])
+    assert [x.source for x in report.sources] == [SOURCE_GENERATED, SOURCE_LAB, SOURCE_THIRD_PARTY]
+    gen, lab, tp = report.sources
+    assert (gen.runs, gen.collapsing, gen.caught_before_crash, gen.controls, gen.false_alarms) == (
+        2,
+        1,
+        1,
+        1,
+        0,
+    )
+    late_report = report.runs[1]
+    assert late_report.first_alert is not None and late_report.first_alert > 5  # the reward crash at 20
+    assert (lab.runs, lab.collapsing, lab.caught_before_crash, lab.controls) == (1, 1, 0, 0)
+    assert lab.lead_median == late_report.lead_time == 5 - late_report.first_alert
+    unlabelled = evaluate([replace(late, collapse_step=None)]).runs[0]
+    assert unlabelled.collapse_step == 28  # the one rule: 10-step mean < 20 % of its peak from 28 on
+    assert (tp.runs, tp.controls, tp.false_alarms) == (1, 1, 0)
+    lab_targets = {t.name: t for t in report.targets if t.source == SOURCE_LAB}
+    assert not lab_targets["collapse finding <= 5 steps after the reward collapse, without hooks"].met
+    assert {t.source for t in report.missed()} == {SOURCE_LAB}
+    assert report.missed([SOURCE_GENERATED, SOURCE_THIRD_PARTY]) == []
+    text = render(report, per_run=False)
+    assert "score per source" in text
+    assert [line.split()[0] for line in text.splitlines() if line.split()[:1] in (["lab"], ["third-party"])]
 
 
 def test_targets_without_runs_of_a_kind() -> None:

@@ -41,7 +41,7 @@ from monitor.detector import (
     update,
 )
 from monitor.detector import config as config_module
-from monitor.detector.labels import reward_collapse_step
+from monitor.detector.labels import collapse_step
 from monitor.detector.scenarios import collapse_scenario, noisy_stagnant_scenario
 from monitor.detector.signals import History
 
@@ -183,10 +183,12 @@ def test_degraded_reward_crash_within_five_steps() -> None:
     values = base(200, 6)
     t = np.arange(200, dtype=np.float64)
     values[M.REWARD_MEAN] *= np.exp(-((np.clip(t - 140, 0, None) / 10) ** 2))
-    crash = reward_collapse_step(np.arange(200), values[M.REWARD_MEAN])
+    crash = collapse_step(np.arange(200), values[M.REWARD_MEAN])
     assert crash is not None
     start = run(values).first(LLD_COLLAPSE)
-    assert start is not None and crash - 5 <= start <= crash + 5
+    # no later than 5 steps after the label, and not before the reward turns down (step 140); the label
+    # (10-step mean below 20 % of its peak) lags the drop by several steps, so finding it earlier is fine
+    assert start is not None and 140 < start <= crash + 5
 
 
 def test_isolated_grad_spikes_are_not_a_collapse() -> None:

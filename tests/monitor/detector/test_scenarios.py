@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from contracts import metrics as M
-from monitor.detector.labels import reward_collapse_step
+from monitor.detector.labels import collapse_step
 from monitor.detector.scenarios import (
     HOOK_ONLY_METRICS,
     collapse_scenario,
@@ -19,14 +19,15 @@ from monitor.detector.stats import median, theil_sen
 SEEDS = range(12)
 
 
-def test_reward_collapse_step_definition() -> None:
-    steps = np.arange(10, 20)
-    reward = np.array([0.1, 0.4, 0.8, 0.8, 0.1, 0.8, 0.8, 0.3, 0.2, 0.1])
-    assert reward_collapse_step(steps, reward) == 18  # one bad step (14) is smoothed away
-    assert reward_collapse_step(steps, reward, smooth=1) == 14
-    assert reward_collapse_step(steps, np.full(10, 0.5)) is None
-    assert reward_collapse_step(steps, np.full(10, np.nan)) is None
-    assert reward_collapse_step(steps, np.r_[np.zeros(5), np.full(5, -1.0)]) is None  # never rose
+def test_scenario_labels_use_the_one_rule() -> None:
+    """Generated scenarios are labelled by `labels.collapse_step` (the rule the lab uses too): a sudden
+    drop is labelled once the 10-step mean is below 20 % of its peak, and only if it lasts."""
+    steps = np.arange(100)
+    reward = np.r_[np.full(50, 0.5), np.zeros(50)]
+    assert collapse_step(steps, reward) == 58  # the mean of 10 falls below 0.1 with < 2 good points
+    assert collapse_step(steps, np.r_[np.full(50, 0.5), np.zeros(20), np.full(30, 0.5)]) is None
+    assert collapse_step(steps, np.full(100, np.nan)) is None
+    assert collapse_step(steps, np.r_[np.zeros(50), np.full(50, -1.0)]) is None  # never rose
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -36,7 +37,7 @@ def test_collapse_scenarios_follow_the_paper_shapes(seed: int) -> None:
     t1, t2 = s.onsets["decay"], s.onsets["collapse"]
     label = s.collapse_step
     assert 45 <= t1 <= 80 and 45 <= t2 - t1 <= 75  # [LLD] ~60 and ~120, randomised
-    assert label is not None and label == reward_collapse_step(s.steps, v[M.REWARD_MEAN])
+    assert label is not None and label == collapse_step(s.steps, v[M.REWARD_MEAN])
     assert t2 < label <= t2 + 45  # the reward turns down after the collapse onset, then crashes
     x = s.steps.astype(float)
     # phase I flat, phase II declining, phase III accelerating

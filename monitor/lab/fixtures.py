@@ -1,0 +1,326 @@
+"""Recorded lab runs as fixtures: real GRPO collapses (and controls) as the detector's ground truth.
+
+Format: one gzip JSONL file per run, `<key>.jsonl.gz`, strict JSON (non-finite values as the strings
+"NaN", "Infinity", "-Infinity", as on the ingest wire):
+- line 1, the header: `{"format": "lldmon-lab-run/1", "name", "key", "group", "seed", "source": "lab",
+  "label": {"collapses": bool, "collapse_step": int | null, "rule": RULE}, "settings": {...},
+  "command": the exact training command that made the run, "lab_command": the `lldmon lab run` command,
+  "steps": number of step lines, "lldmon_live": what the live service said (alerts, phase events,
+  directives)}`;
+- then one line per step, ascending: `{"step": s, "metrics": {canonical name: value}}` with every metric
+  the hooks sent at that step (TRL's scalars, `lld/*`, `llds/*`, ...), exactly as the example script's
+  `--metrics-jsonl` wrote them.
+
+The label is `monitor.detector.labels.collapse_step` (the one collapse rule) of the `reward/mean`
+values in the step lines, recomputed by `export`; `load_fixtures` returns the runs as
+`monitor.evaluation.LabelledRun`s with source "lab".
+
+The fixtures of the repository live in `tests/fixtures/lab/` (test data of a source checkout, like the
+third-party logs in ../shared/datasets: not shipped in the wheel); `lldmon eval` finds them there in a
+checkout (`--lab DIR` elsewhere). Export from a lab directory::
+
+    python -m monitor.lab.fixtures export LABDIR --out tests/fixtures/lab [--runs KEY1,KEY2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import json
+import math
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+
+from contracts import metrics as M
+from monitor.detector.labels import RULE, collapse_step
+from monitor.evaluation import SOURCE_LAB, LabelledRun
+
+__all__ = [
+    "FORMAT",
+    "FixtureError",
+    "RecordedRun",
+    "default_fixture_dir",
+    "export_lab",
+    "label_of",
+    "load_fixtures",
+    "main",
+    "read_fixture",
+    "write_fixture",
+]
+
+FORMAT: Final = "lldmon-lab-run/1"
+SUFFIX: Final = ".jsonl.gz"
+_NONFINITE: Final = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+class FixtureError(ValueError):
+    """A fixture file or a lab directory that cannot be read; the message names the file."""
+
+
+@dataclass(frozen=True)
+class RecordedRun:
+    """One fixture: its header and its per-step metrics (`rows[i]` belongs to `steps[i]`)."""
+
+    header: Mapping[str, Any]
+    steps: list[int]
+    rows: list[dict[str, float]]
+
+    def series(self, name: str) -> tuple[list[int], list[float]]:
+        """(steps, values) where `name` was logged."""
+        pairs = [(s, r[name]) for s, r in zip(self.steps, self.rows, strict=True) if name in r]
+        return [s for s, _ in pairs], [v for _, v in pairs]
+
+    def to_labelled_run(self) -> LabelledRun:
+        """The run for `monitor.evaluation`: every metric as a column (NaN where not logged), `present`
+        True where a value was logged (NaN included), the header's label and group, source "lab"."""
+        label = self.header["label"]
+        steps = np.asarray(self.steps, dtype=np.int64)
+        names = sorted({k for r in self.rows for k in r})
+        values: dict[str, np.ndarray] = {}
+        present: dict[str, np.ndarray] = {}
+        for name in names:
+            col = np.full(steps.size, np.nan)
+            mask = np.zeros(steps.size, dtype=np.bool_)
+            for i, row in enumerate(self.rows):
+                if name in row:
+                    col[i] = row[name]
+                    mask[i] = True
+            values[name] = col
+            present[name] = mask
+        return LabelledRun(
+            name=str(self.header["name"]),
+            group=str(self.header.get("group") or self.header["name"]),
+            steps=steps,
+            values=values,
+            present=present,
+            collapses=bool(label["collapses"]),
+            collapse_step=label["collapse_step"],
+            source=str(self.header.get("source", SOURCE_LAB)),
+        )
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool):
+        raise FixtureError(f"{where}: a boolean is not a metric value")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        if value in _NONFINITE:
+            return _NONFINITE[value]
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise FixtureError(f"{where}: {value!r} is not a number")
+
+
+def _wire(value: float) -> float | str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    return value
+
+
+def label_of(steps: Sequence[int], rows: Sequence[Mapping[str, float]]) -> dict[str, Any]:
+    """The label of a recorded run: the one collapse rule on its `reward/mean` values."""
+    pairs = [(s, r[M.REWARD_MEAN]) for s, r in zip(steps, rows, strict=True) if M.REWARD_MEAN in r]
+    step = collapse_step([s for s, _ in pairs], [v for _, v in pairs])
+    return {"collapses": step is not None, "collapse_step": step, "rule": RULE}
+
+
+def read_metrics_jsonl(path: Path) -> tuple[list[int], list[dict[str, float]]]:
+    """The example script's `--metrics-jsonl` file (NaN as a JSON literal or a string; a step written
+    twice is merged, the later value winning)."""
+    by_step: dict[int, dict[str, float]] = {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise FixtureError(f"{path}: {exc.strerror or exc}") from None
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            step = int(obj["step"])
+            metrics = obj["metrics"]
+        except (ValueError, KeyError, TypeError):
+            raise FixtureError(f"{path}:{n}: not a {{'step', 'metrics'}} line") from None
+        row = by_step.setdefault(step, {})
+        for name, value in metrics.items():
+            if value is not None:
+                row[str(name)] = _number(value, f"{path}:{n} {name}")
+    ordered = sorted(by_step)
+    return ordered, [by_step[s] for s in ordered]
+
+
+def write_fixture(
+    path: Path, header: Mapping[str, Any], steps: Sequence[int], rows: Sequence[Mapping[str, float]]
+) -> None:
+    """Write one fixture (reproducible bytes: no timestamp in the gzip header, sorted metric names)."""
+    buf = io.StringIO()
+    buf.write(json.dumps(dict(header), allow_nan=False) + "\n")
+    for step, row in zip(steps, rows, strict=True):
+        metrics = {k: _wire(float(row[k])) for k in sorted(row)}
+        buf.write(json.dumps({"step": int(step), "metrics": metrics}, allow_nan=False) + "\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with (
+        tmp.open("wb") as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz,
+    ):
+        gz.write(buf.getvalue().encode("utf-8"))
+    tmp.replace(path)
+
+
+def read_fixture(path: Path) -> RecordedRun:
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            lines = [line for line in f if line.strip()]
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise FixtureError(f"{path}: not a gzip JSONL fixture ({exc})") from None
+    if not lines:
+        raise FixtureError(f"{path}: empty")
+    try:
+        header = json.loads(lines[0])
+    except ValueError:
+        raise FixtureError(f"{path}:1: the header is not JSON") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise FixtureError(f"{path}:1: not a {FORMAT} header")
+    label = header.get("label")
+    if not isinstance(label, dict) or not {"collapses", "collapse_step", "rule"} <= set(label):
+        raise FixtureError(f"{path}:1: the header has no label {{collapses, collapse_step, rule}}")
+    steps: list[int] = []
+    rows: list[dict[str, float]] = []
+    for n, line in enumerate(lines[1:], 2):
+        try:
+            obj = json.loads(line)
+            step = int(obj["step"])
+            metrics = obj["metrics"]
+        except (ValueError, KeyError, TypeError):
+            raise FixtureError(f"{path}:{n}: not a {{'step', 'metrics'}} line") from None
+        if steps and step <= steps[-1]:
+            raise FixtureError(f"{path}:{n}: step {step} is not after {steps[-1]}")
+        steps.append(step)
+        rows.append({str(k): _number(v, f"{path}:{n} {k}") for k, v in metrics.items() if v is not None})
+    return RecordedRun(header=header, steps=steps, rows=rows)
+
+
+def default_fixture_dir() -> Path | None:
+    """`tests/fixtures/lab` of the source checkout this package runs from (an editable install), or
+    None (an installed wheel does not ship them: pass the directory)."""
+    path = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "lab"
+    return path if path.is_dir() else None
+
+
+def load_fixtures(directory: Path) -> list[LabelledRun]:
+    """Every `*.jsonl.gz` fixture under `directory` (sorted by file name) as a labelled run."""
+    return [read_fixture(p).to_labelled_run() for p in sorted(directory.glob(f"*{SUFFIX}"))]
+
+
+def _lab_command(lab_dir: Path) -> str | None:
+    try:
+        summary = json.loads((lab_dir / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    command = summary.get("command") if isinstance(summary, dict) else None
+    return command if isinstance(command, str) else None
+
+
+def export_lab(lab_dir: Path, out: Path, keys: Iterable[str] | None = None, log: Any = None) -> list[Path]:
+    """Write one fixture per finished run of a lab directory (`runs/<key>.json` and
+    `work/<run-name>/metrics.jsonl`); `keys`: only these runs (an unknown or unfinished one is an
+    error). Returns the files written."""
+    from monitor.lab.results import FINISHED, analyse, read_records
+
+    records = read_records(lab_dir / "runs")
+    if not records:
+        raise FixtureError(f"{lab_dir / 'runs'}: no run records")
+    wanted = list(keys) if keys is not None else sorted(records)
+    unknown = [k for k in wanted if k not in records]
+    if unknown:
+        raise FixtureError(f"no such run in {lab_dir / 'runs'}: {', '.join(unknown)}")
+    lab_command = _lab_command(lab_dir)
+    written: list[Path] = []
+    for key in wanted:
+        record = records[key]
+        if record.get("status") != FINISHED:
+            if keys is not None:
+                raise FixtureError(f"{key}: status {record.get('status')!r}, not {FINISHED!r}")
+            continue
+        name = str(record.get("run_name") or key)
+        metrics_path = lab_dir / "work" / name / "metrics.jsonl"
+        steps, rows = read_metrics_jsonl(metrics_path)
+        label = label_of(steps, rows)
+        live = analyse(record).collapse_step
+        if live != label["collapse_step"] and log is not None:
+            log(
+                f"note: {key}: label {label['collapse_step']} from metrics.jsonl, {live} from the service's reward"
+            )
+        header = {
+            "format": FORMAT,
+            "name": name,
+            "key": key,
+            "group": record.get("group"),
+            "seed": record.get("seed"),
+            "source": SOURCE_LAB,
+            "label": label,
+            "settings": record.get("setting", {}),
+            "command": record.get("command"),
+            "lab_command": lab_command,
+            "steps": len(steps),
+            "lldmon_live": {
+                "alerts": record.get("alerts", []),
+                "phases": record.get("phases", []),
+                "directives": record.get("directives", []),
+                "final_phase": (record.get("run") or {}).get("phase"),
+            },
+        }
+        path = out / f"{key}{SUFFIX}"
+        write_fixture(path, header, steps, rows)
+        written.append(path)
+        if log is not None:
+            step = label["collapse_step"]
+            log(
+                f"{path}: {len(steps)} steps, "
+                + (f"collapses at {step}" if step is not None else "no collapse")
+                + f", {path.stat().st_size / 1024:.1f} KiB"
+            )
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m monitor.lab.fixtures", description="Recorded lab runs as gzip JSONL fixtures."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    exp = sub.add_parser("export", help="write one fixture per finished run of a lab directory")
+    exp.add_argument("lab_dir", type=Path, help="a `lldmon lab run --out` directory")
+    exp.add_argument("--out", type=Path, required=True, help="fixture directory (tests/fixtures/lab)")
+    exp.add_argument("--runs", help="comma-separated run keys (default: every finished run)")
+    show = sub.add_parser("show", help="print the header and label of fixtures")
+    show.add_argument("paths", type=Path, nargs="+")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "export":
+            keys = [k.strip() for k in args.runs.split(",") if k.strip()] if args.runs else None
+            written = export_lab(args.lab_dir, args.out, keys, log=print)
+            print(f"{len(written)} fixtures in {args.out}")
+        else:
+            for path in args.paths:
+                run = read_fixture(path)
+                print(json.dumps({k: v for k, v in run.header.items() if k != "lldmon_live"}))
+    except FixtureError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""Recorded lab runs as fixtures: export from a lab directory, the format, the committed fixtures and
+their score per source in the evaluation."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from contracts import metrics as M
+from monitor.cli import app
+from monitor.detector.labels import RULE, collapse_step
+from monitor.evaluation import SOURCE_LAB, evaluate, render
+from monitor.lab.fixtures import (
+    FORMAT,
+    FixtureError,
+    export_lab,
+    label_of,
+    load_fixtures,
+    main,
+    read_fixture,
+    write_fixture,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMITTED = ROOT / "tests" / "fixtures" / "lab"
+runner = CliRunner()
+
+
+def _record(key: str, status: str = "finished") -> dict[str, Any]:
+    return {
+        "key": key,
+        "group": "g",
+        "seed": 3,
+        "setting": {"model": "tiny", "lr": 0.001, "steps": 40},
+        "run_name": key,
+        "status": status,
+        "command": f"python examples/search_r1_grpo.py --seed 3 --run-name {key}",
+        "run": {"phase": "healthy", "last_step": 40},
+        "reward": {"steps": [], "values": []},
+        "alerts": [{"kind": "garbled_outputs", "severity": "critical", "first_step": 30, "last_step": 35}],
+        "phases": [],
+        "directives": [],
+    }
+
+
+def _lab(tmp_path: Path) -> tuple[Path, dict[int, float]]:
+    """A lab directory with one finished collapsing run (reward every 2nd step), one failed run."""
+    lab = tmp_path / "lab"
+    (lab / "runs").mkdir(parents=True)
+    rewards = {s: (0.4 if s < 16 else 0.0) for s in range(1, 41, 2)}
+    lines = []
+    for s in range(1, 41):
+        metrics: dict[str, Any] = {M.GRAD_NORM: 0.5 + s / 100, M.LOSS: 0.01}
+        if s in rewards:
+            metrics[M.REWARD_MEAN] = rewards[s]
+        if s == 5:
+            metrics["adv/pos_neg_mass_ratio"] = math.nan  # a NaN literal, as json.dumps writes it
+        if s == 6:
+            metrics["adv/pos_neg_mass_ratio"] = "NaN"  # or as a string
+            metrics["lld/logp_pos"] = "-Infinity"
+        lines.append(json.dumps({"step": s, "metrics": metrics}))
+    lines.append(json.dumps({"step": 7, "metrics": {"lld/logp_pos": -0.3}}))  # a step sent in two parts
+    for key, status in (("run-a", "finished"), ("run-b", "failed")):
+        (lab / "runs" / f"{key}.json").write_text(json.dumps(_record(key, status)))
+        work = lab / "work" / key
+        work.mkdir(parents=True)
+        (work / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (lab / "summary.json").write_text(json.dumps({"command": "lldmon lab run --preset early --out lab"}))
+    return lab, rewards
+
+
+def test_export_reads_back_every_metric_and_the_label(tmp_path: Path) -> None:
+    lab, rewards = _lab(tmp_path)
+    out = tmp_path / "fixtures"
+    written = export_lab(lab, out)
+    assert [p.name for p in written] == ["run-a.jsonl.gz"]  # the failed run is left out
+    run = read_fixture(written[0])
+    h = run.header
+    assert h["format"] == FORMAT and h["source"] == "lab" and h["name"] == "run-a" and h["seed"] == 3
+    assert h["command"].startswith("python examples/search_r1_grpo.py") and "--seed 3" in h["command"]
+    assert h["lab_command"] == "lldmon lab run --preset early --out lab"
+    assert h["settings"] == {"model": "tiny", "lr": 0.001, "steps": 40} and h["steps"] == 40
+    assert h["lldmon_live"]["alerts"][0]["kind"] == "garbled_outputs"
+    expected = collapse_step(sorted(rewards), [rewards[s] for s in sorted(rewards)])
+    assert expected is not None
+    assert h["label"] == {"collapses": True, "collapse_step": expected, "rule": RULE}
+    assert run.steps == list(range(1, 41))
+    assert run.rows[6]["lld/logp_pos"] == -0.3 and run.rows[6][M.GRAD_NORM] == pytest.approx(0.57)
+    assert math.isnan(run.rows[4]["adv/pos_neg_mass_ratio"]) and math.isnan(
+        run.rows[5]["adv/pos_neg_mass_ratio"]
+    )
+    assert run.rows[5]["lld/logp_pos"] == -math.inf
+    # strict JSON on disk: no NaN / Infinity literals
+    text = gzip.decompress(written[0].read_bytes()).decode()
+    assert '"NaN"' in text and "-Infinity" in text
+    for line in text.splitlines():
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+
+    labelled = run.to_labelled_run()
+    assert labelled.source == SOURCE_LAB and labelled.collapses and labelled.collapse_step == expected
+    assert labelled.present is not None
+    mass = labelled.values["adv/pos_neg_mass_ratio"]
+    assert labelled.present["adv/pos_neg_mass_ratio"].tolist() == [s in (5, 6) for s in range(1, 41)]
+    assert np.isnan(mass).all()  # logged as NaN at 5 and 6, absent elsewhere
+    assert int(labelled.present[M.REWARD_MEAN].sum()) == len(rewards)
+
+
+def test_export_is_reproducible_and_selects_runs(tmp_path: Path) -> None:
+    lab, _ = _lab(tmp_path)
+    a = export_lab(lab, tmp_path / "a", ["run-a"])
+    b = export_lab(lab, tmp_path / "b")
+    assert a[0].read_bytes() == b[0].read_bytes()
+    with pytest.raises(FixtureError, match="no such run"):
+        export_lab(lab, tmp_path / "c", ["run-z"])
+    with pytest.raises(FixtureError, match="status 'failed'"):
+        export_lab(lab, tmp_path / "c", ["run-b"])
+    with pytest.raises(FixtureError, match="no run records"):
+        export_lab(tmp_path / "empty", tmp_path / "c")
+
+
+def test_export_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lab, _ = _lab(tmp_path)
+    out = tmp_path / "fx"
+    assert main(["export", str(lab), "--out", str(out), "--runs", "run-a"]) == 0
+    assert "1 fixtures in" in capsys.readouterr().out
+    assert main(["show", str(out / "run-a.jsonl.gz")]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["label"]["collapses"] is True and "lldmon_live" not in shown
+    assert main(["export", str(lab), "--out", str(out), "--runs", "nope"]) == 2
+    assert "no such run" in capsys.readouterr().err
+
+
+def test_unreadable_fixtures_name_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "x.jsonl.gz"
+    bad.write_bytes(b"not gzip")
+    with pytest.raises(FixtureError, match=r"x\.jsonl\.gz"):
+        read_fixture(bad)
+    header = {"format": FORMAT, "name": "r", "source": "lab", "label": {"collapses": False}}
+    write_fixture(bad, header, [], [])
+    with pytest.raises(FixtureError, match="no label"):
+        read_fixture(bad)
+    header["label"] = {"collapses": False, "collapse_step": None, "rule": RULE}
+    write_fixture(bad, header, [2, 1], [{"loss": 1.0}, {"loss": 2.0}])
+    with pytest.raises(FixtureError, match="step 1 is not after 2"):
+        read_fixture(bad)
+    write_fixture(bad, {**header, "format": "other/9"}, [], [])
+    with pytest.raises(FixtureError, match="header"):
+        read_fixture(bad)
+
+
+# ---- the committed fixtures (tests/fixtures/lab) -------------------------------------------------
+
+
+def _committed() -> list[Path]:
+    return sorted(COMMITTED.glob("*.jsonl.gz"))
+
+
+def test_committed_fixtures_are_labelled_by_the_one_rule() -> None:
+    paths = _committed()
+    assert paths, f"no fixtures in {COMMITTED}"
+    assert sum(p.stat().st_size for p in paths) < 5 * 2**20  # "a few MB in all"
+    for path in paths:
+        run = read_fixture(path)
+        h = run.header
+        assert h["source"] == "lab" and h["label"]["rule"] == RULE, path.name
+        assert h["label"] == label_of(run.steps, run.rows), path.name  # recomputed identically
+        assert "examples/search_r1_grpo.py" in h["command"] and f"--seed {h['seed']}" in h["command"]
+        assert h["steps"] == len(run.steps) and run.steps[-1] >= h["settings"]["steps"], path.name
+        steps, rewards = run.series(M.REWARD_MEAN)
+        assert len(steps) >= 10 and collapse_step(steps, rewards) == h["label"]["collapse_step"]
+
+
+def test_committed_fixtures_are_scored_as_the_lab_source() -> None:
+    """The detector's score on the lab runs is reported per source (not asserted good: issue 14)."""
+    runs = load_fixtures(COMMITTED)
+    assert len(runs) == len(_committed()) and all(r.source == SOURCE_LAB for r in runs)
+    report = evaluate(runs)
+    (lab,) = report.sources
+    collapsing = sum(r.collapses for r in runs)
+    assert (lab.source, lab.runs, lab.collapsing, lab.controls) == (
+        "lab",
+        len(runs),
+        collapsing,
+        len(runs) - collapsing,
+    )
+    assert (
+        0
+        <= lab.caught_before_crash
+        <= lab.any_finding_before_crash + lab.caught_before_crash
+        <= 2 * collapsing
+    )
+    assert {t.source for t in report.targets} == {"lab"}
+    assert [r.collapse_step for r in report.runs] == [r.collapse_step for r in runs]
+    text = render(report, per_run=True)
+    assert "score per source" in text
+    assert any(line.startswith("lab ") for line in text.splitlines())
+    for r in runs:
+        assert r.name in text
+
+
+def test_eval_command_prints_the_score_per_source(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["eval", "--collapse", "1", "--controls", "1", "--lab", str(COMMITTED)])
+    assert result.exit_code == 0, result.output
+    assert f"lab: {len(_committed())} recorded runs" in result.output
+    rows = {line.split()[0] for line in result.output.splitlines() if line.strip()}
+    assert {"generated", "lab"} <= rows
+    no_lab = runner.invoke(app, ["eval", "--collapse", "1", "--controls", "1", "--no-lab"])
+    assert no_lab.exit_code == 0 and "\nlab " not in no_lab.output
+    bad_gate = runner.invoke(app, ["eval", "--collapse", "1", "--controls", "0", "--gate", "nope"])
+    assert bad_gate.exit_code == 2
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "x.jsonl.gz").write_bytes(b"junk")
+    broken = runner.invoke(app, ["eval", "--collapse", "1", "--controls", "0", "--lab", str(empty)])
+    assert broken.exit_code == 2 and "x.jsonl.gz" in broken.output
