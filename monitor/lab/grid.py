@@ -5,8 +5,8 @@ a seed. `GridSpec` holds one list per axis (learning rate, steps per rollout bat
 `num_iterations`, completion length, LLDS mode, LLDS lambda) and the fixed options (model, steps,
 warm-up, batch size, extra script flags); `expand` takes their cross product.
 
-Layering, later wins: `PRESETS[name]` < grid file < command-line options. The regimes' settings are still
-to be found experimentally: edit `PRESETS` (one place) when they are.
+Layering, later wins: `PRESETS[name]` < grid file < command-line options. The regimes' settings were
+found with the lab itself (README "Collapse lab"); edit `PRESETS` (one place) as more seeds come in.
 
 LLDS modes and what they pass to `examples/search_r1_grpo.py`:
 - `off`:  `--llds off --policy alert` (lldmon watches and alerts; nothing is switched on);
@@ -210,22 +210,22 @@ PRESETS: Final[Mapping[str, Mapping[str, Any]]] = {
         "warmup_steps": 30,
         "steps_per_generation": [2],
     },
-    # The regimes below are first guesses from issue 13, NOT yet measured: the lab is to find them.
-    # healthy: the example's defaults (lr 3e-4, 2 steps per rollout batch); should train >= 400 steps.
+    # Regimes of the tiny model, measured with this lab (README "Collapse lab": rates over seeds).
+    # healthy: 0 of 6 runs collapsed in 300 steps (seeds 0-2, 2 and 4 steps per rollout batch); 400-step
+    # runs over 5 seeds are still to be made.
     "healthy": {"seeds": [0, 1, 2, 3, 4], "steps": 400, "lr": [3e-4], "steps_per_generation": [2]},
-    # late: trains well >= 150 steps, then collapses. Issue 13 saw one seed die at step 337 at "a somewhat
-    # lower learning rate" than `early`; 5e-4 is a guess. Compared with LLDS off / static on / auto.
+    # late: lr 7e-4, 4 steps per rollout batch: 3 of 4 seeds collapsed (steps 93, 309, 341), seed 0 did
+    # not in 400 steps. Compared with LLDS off / static on / auto.
     "late": {
         "seeds": [0, 1, 2, 3, 4],
         "steps": 400,
-        "lr": [5e-4],
+        "lr": [7e-4],
         "steps_per_generation": [4],
         "llds": ["off", "on", "auto"],
         "llds_lambda": [0.2],
     },
-    # early: collapses in the first 20 steps (issue 13: lr 1e-3, 4 steps per rollout batch, reward
-    # 0.30 -> 0 within about 20 steps).
-    "early": {"seeds": [0, 1, 2, 3, 4], "steps": 100, "lr": [1e-3], "steps_per_generation": [4]},
+    # early: lr 1e-3, 4 steps per rollout batch: 5 of 5 seeds collapsed at steps 13-21 (reward ~0.3 -> 0).
+    "early": {"seeds": [0, 1, 2, 3, 4], "steps": 80, "lr": [1e-3], "steps_per_generation": [4]},
 }
 """Named grids (same keys as a grid file). Edit here when the regimes are found."""
 
