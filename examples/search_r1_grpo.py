@@ -823,6 +823,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         def __init__(self) -> None:
             self.last: dict[str, float] = {}
+            self.trainer: Any = None  # set once the trainer exists: its LLDS state is what trains
 
         def on_log(
             self, a: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any
@@ -833,8 +834,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             for key in ("reward", "tools/call_frequency"):
                 if key in logs:
                     self.last[key] = float(logs[key])
-            directive = client.directive if client is not None else None
-            llds = f"  LLDS {'on' if directive.llds.enabled else 'off'}" if directive is not None else ""
+            # the trainer's own LLDS state (llds="on" is on whatever the service's directive says)
+            active = getattr(self.trainer, "llds_active", None)
+            llds = "" if active is None else f"  LLDS {'on' if active else 'off'}"
             log(
                 f"step {state.global_step}/{state.max_steps}  reward {self.last.get('reward', math.nan):.3f}  "
                 f"searches/traj {self.last.get('tools/call_frequency', math.nan):.2f}  "
@@ -872,7 +874,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         train_dataset=dataset,
         processing_class=tokenizer,
         tools=[search],
-        callbacks=[Progress()],
+        callbacks=[progress := Progress()],
         lldmon_sink=sink,
         probe_size=args.probe_size if sink is not None else 0,
         probe_interval=args.probe_interval,
@@ -880,6 +882,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         anchor_interval=args.anchor_interval,
         **llds_kwargs(MonitoredGRPOTrainer, args.llds, args.llds_lambda),
     )
+    progress.trainer = trainer
     trainer.remove_callback(PrinterCallback)  # Progress prints one line per step instead of the raw dict
     status = "finished"
     try:
