@@ -135,6 +135,20 @@ def label_of(steps: Sequence[int], rows: Sequence[Mapping[str, float]]) -> dict[
     return {"collapses": step is not None, "collapse_step": step, "rule": RULE}
 
 
+def _step_line(line: str, where: str) -> tuple[int, dict[str, float]]:
+    """One `{"step": s, "metrics": {...}}` line (of a `--metrics-jsonl` file or a fixture): its step and
+    its metrics as floats (null values dropped)."""
+    try:
+        obj = json.loads(line)
+        step = int(obj["step"])
+        metrics = obj["metrics"]
+    except (ValueError, KeyError, TypeError):
+        raise FixtureError(f"{where}: not a {{'step', 'metrics'}} line") from None
+    if not isinstance(metrics, dict):
+        raise FixtureError(f"{where}: not a {{'step', 'metrics'}} line")
+    return step, {str(k): _number(v, f"{where} {k}") for k, v in metrics.items() if v is not None}
+
+
 def read_metrics_jsonl(path: Path) -> tuple[list[int], list[dict[str, float]]]:
     """The example script's `--metrics-jsonl` file (NaN as a JSON literal or a string; a step written
     twice is merged, the later value winning)."""
@@ -146,16 +160,8 @@ def read_metrics_jsonl(path: Path) -> tuple[list[int], list[dict[str, float]]]:
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-            step = int(obj["step"])
-            metrics = obj["metrics"]
-        except (ValueError, KeyError, TypeError):
-            raise FixtureError(f"{path}:{n}: not a {{'step', 'metrics'}} line") from None
-        row = by_step.setdefault(step, {})
-        for name, value in metrics.items():
-            if value is not None:
-                row[str(name)] = _number(value, f"{path}:{n} {name}")
+        step, metrics = _step_line(line, f"{path}:{n}")
+        by_step.setdefault(step, {}).update(metrics)
     ordered = sorted(by_step)
     return ordered, [by_step[s] for s in ordered]
 
@@ -199,16 +205,11 @@ def read_fixture(path: Path) -> RecordedRun:
     steps: list[int] = []
     rows: list[dict[str, float]] = []
     for n, line in enumerate(lines[1:], 2):
-        try:
-            obj = json.loads(line)
-            step = int(obj["step"])
-            metrics = obj["metrics"]
-        except (ValueError, KeyError, TypeError):
-            raise FixtureError(f"{path}:{n}: not a {{'step', 'metrics'}} line") from None
+        step, metrics = _step_line(line, f"{path}:{n}")
         if steps and step <= steps[-1]:
             raise FixtureError(f"{path}:{n}: step {step} is not after {steps[-1]}")
         steps.append(step)
-        rows.append({str(k): _number(v, f"{path}:{n} {k}") for k, v in metrics.items() if v is not None})
+        rows.append(metrics)
     return RecordedRun(header=header, steps=steps, rows=rows)
 
 

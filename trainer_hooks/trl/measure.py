@@ -15,7 +15,7 @@ Vocabulary used here:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -34,6 +34,7 @@ __all__ = [
     "StepAccumulator",
     "StepResult",
     "in_loss_deltas_structurally_zero",
+    "loss_mask",
 ]
 
 EXACT_DELTA_METRICS: Final = frozenset(M.EXACT_TO_XMB)
@@ -53,6 +54,13 @@ TRL_PROVIDED_METRICS: Final = frozenset(
 
 The in-loss measurement drops them: TRL's values are gathered over all processes and are what the
 user also sees in W&B, so one series never mixes two estimators."""
+
+
+def loss_mask(batch: Mapping[str, Any]) -> Tensor:
+    """TRL's loss mask of a rollout batch or micro-batch: `completion_mask * tool_mask` (0 on
+    tool-output tokens)."""
+    mask: Tensor = batch["completion_mask"]
+    return mask * batch["tool_mask"] if "tool_mask" in batch else mask
 
 
 def in_loss_deltas_structurally_zero(

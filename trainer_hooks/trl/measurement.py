@@ -25,6 +25,7 @@ from trainer_hooks.trl.measure import (
     StepAccumulator,
     StepResult,
     in_loss_deltas_structurally_zero,
+    loss_mask,
 )
 
 __all__ = ["MULTIMODAL_KEYS", "MeasurementDriver"]
@@ -47,12 +48,6 @@ MULTIMODAL_KEYS: Final = (
 
 Score = Callable[[Tensor, Tensor, int], Tensor]
 """(input_ids, attention_mask, logits_to_keep) -> (n, logits_to_keep) float log-probs, no grad."""
-
-
-def loss_mask(batch: Mapping[str, Any]) -> Tensor:
-    """TRL's loss mask: `completion_mask * tool_mask` (0 on tool-output tokens)."""
-    mask: Tensor = batch["completion_mask"]
-    return mask * batch["tool_mask"] if "tool_mask" in batch else mask
 
 
 class MeasurementDriver:

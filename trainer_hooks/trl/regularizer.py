@@ -30,7 +30,7 @@ from trainer_hooks.trl.llds import (
     read_directive,
     term_scale,
 )
-from trainer_hooks.trl.measure import in_loss_deltas_structurally_zero
+from trainer_hooks.trl.measure import in_loss_deltas_structurally_zero, loss_mask
 
 __all__ = ["ANSWER_MASK_KEY", "RegularizerDriver"]
 
@@ -38,11 +38,6 @@ logger = logging.getLogger("lldmon.trl")
 
 ANSWER_MASK_KEY: Final = "lldmon_answer_mask"
 """Rollout-batch column: (B, T) bool answer-span tokens (LLDS-MA), split and shuffled by TRL."""
-
-
-def _loss_mask(batch: Mapping[str, Any]) -> Tensor:
-    mask: Tensor = batch["completion_mask"]
-    return mask * batch["tool_mask"] if "tool_mask" in batch else mask
 
 
 class RegularizerDriver:
@@ -183,7 +178,7 @@ class RegularizerDriver:
                 self.valid_searches, self.beta = ma_answer_weight(
                     self._new_tool_metric("tools/call_frequency", tool_metrics_before[0]),
                     self._new_tool_metric("tools/failure_frequency", tool_metrics_before[1]),
-                    _loss_mask(output),
+                    loss_mask(output),
                     schedule=settings.ma_schedule,
                 )
             if self.beta != 1.0:
@@ -206,7 +201,7 @@ class RegularizerDriver:
 
     def _term(self, inputs: Mapping[str, Any], logp: Tensor) -> Tensor:
         settings, switch = self.settings, self.switch
-        mask = _loss_mask(inputs)
+        mask = loss_mask(inputs)
         old: Tensor | None = inputs.get("old_per_token_logps")
         if old is None or not self._drifted():
             # No optimizer step since the rollout: no displacement, whatever a recomputed

@@ -37,18 +37,7 @@ __all__ = [
 LEVEL_METRICS: Final = (M.LOGP_POS, M.LOGP_NEG, M.LOGP_CORRECT, M.GARBLED_FRAC)
 """Loss metrics that are measurements also when old == current (rollout-time levels).
 `lld/logp_correct` needs rewards: only with the probe actor (`trainer_hooks.verl.actor`)."""
-XMB_METRICS: Final = tuple(
-    M.EXACT_TO_XMB[name]
-    for name in (
-        M.DELTA_TRAJ_POS,
-        M.DELTA_TRAJ_NEG,
-        M.DELTA_ACTION_POS,
-        M.FRAC_TRAJ_DECREASED_POS,
-        M.FRAC_ACTION_DECREASED_POS,
-        M.DELTA_TRAJ_CORRECT,
-        M.FRAC_TRAJ_DECREASED_CORRECT,
-    )
-)
+XMB_METRICS: Final = tuple(M.EXACT_TO_XMB.values())
 """In-loss deltas, published under their cross-mini-batch names `lld/xmb/*` (a proxy: the exact
 Def. 4.1 delta `lld/delta_*` comes from the post-update probe of `trainer_hooks.verl.actor`)."""
 DELTA_METRICS: Final = (*XMB_METRICS, M.RATIO_POS_MEAN, M.RATIO_POS_FRAC_LOW)
@@ -74,15 +63,7 @@ LLDS_METRICS: Final = (M.LLDS_ACTIVE, M.LLDS_LAMBDA, M.LLDS_LOSS, M.LLDS_GATED_A
 
 VS_SOURCE: Final = "lldmon/ma/vs_source"
 """1.0 when V_s came from the rollout's valid-search count, 0.0 when from actions - 1."""
-PROBE_METRICS: Final = (
-    M.DELTA_TRAJ_POS,
-    M.DELTA_TRAJ_NEG,
-    M.DELTA_ACTION_POS,
-    M.FRAC_TRAJ_DECREASED_POS,
-    M.FRAC_ACTION_DECREASED_POS,
-    M.DELTA_TRAJ_CORRECT,
-    M.FRAC_TRAJ_DECREASED_CORRECT,
-)
+PROBE_METRICS: Final = tuple(M.EXACT_TO_XMB)
 """Exact Def. 4.1 metrics of the post-update probe (each with its weight key)."""
 ANCHOR_METRICS: Final = (M.ANCHOR_LOGP, M.ANCHOR_DELTA, M.ANCHOR_FRAC_DECREASED, M.ANCHOR_SIZE)
 """Anchor metrics (each with its weight key), on the steps where the anchors are re-scored."""
