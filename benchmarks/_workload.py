@@ -50,6 +50,7 @@ _EXTRA_LEVELS: dict[str, tuple[float, float]] = {
     M.ANCHOR_DELTA: (0.0, 0.01),
     M.ANCHOR_FRAC_DECREASED: (0.3, 0.05),
     M.ANCHOR_SIZE: (32.0, 0.0),
+    M.ACTION_VALID_RATIO: (0.95, 0.02),
 }
 
 

@@ -4,8 +4,10 @@ real logs, scored per source.
 Runs the evaluation harness (`monitor.evaluation`) on `--collapse` generated collapse runs and
 `--controls` healthy + `--controls` noisy-stagnant runs, each with and without the hook metrics, the
 recorded collapse-lab runs in tests/fixtures/lab (`monitor.lab.fixtures`), and the real third-party
-logs in ../shared/datasets/real_runs (skipped with a message if that folder is absent); prints the
-per-run, per-source and per-group tables and the targets of the issue per source. Then measures the detector's cost:
+logs in ../shared/datasets/real_runs with their labels (`--labels`, default the packaged
+monitor/eval_labels/real_runs.toml; skipped with a message if that folder is absent); prints the
+per-run, per-source and per-group tables, the targets per source (critical finding in time, early warning,
+no critical finding on controls) and the runs that miss them. Then measures the detector's cost:
 the median (and p95) time of one `update()` call that processes one new point with a window of
 `required_history` points, over a `--cost-steps`-step run (a long healthy run with hook metrics) and over
 the collapse runs (where every signal is computed).
@@ -13,7 +15,8 @@ the collapse runs (where every signal is computed).
 Usage::
 
     python -m benchmarks.detection [--collapse 20] [--controls 10] [--seed 0] [--jobs 2]
-                                   [--cost-steps 10000] [--no-real] [--no-lab] [--quiet] [--json PATH]
+                                   [--cost-steps 10000] [--no-real] [--labels FILE] [--no-lab] [--quiet]
+                                   [--json PATH]
 """
 
 from __future__ import annotations
@@ -36,11 +39,12 @@ from monitor.evaluation import (
     LabelledRun,
     RunReport,
     evaluate,
-    real_runs,
+    labelled_runs,
     render,
     report_of,
 )
 from monitor.lab.fixtures import load_fixtures
+from monitor.run_labels import DEFAULT_LABELS
 
 REAL_RUNS_DIR = Path(__file__).resolve().parents[1].parent / "shared/datasets/real_runs"
 LAB_FIXTURES_DIR = Path(__file__).resolve().parents[1] / "tests/fixtures/lab"
@@ -95,6 +99,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--cost-steps", type=int, default=10_000)
     parser.add_argument("--no-real", action="store_true", help="leave out the real logs")
+    parser.add_argument(
+        "--labels", type=Path, default=DEFAULT_LABELS, help="labels file of the real logs (TOML)"
+    )
     parser.add_argument("--no-lab", action="store_true", help="leave out the recorded lab runs")
     parser.add_argument("--quiet", action="store_true", help="no per-run table")
     parser.add_argument("--json", type=Path, help="write the group summaries, targets and costs here")
@@ -110,9 +117,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.no_real:
         pass
     elif REAL_RUNS_DIR.is_dir():
-        real = real_runs(REAL_RUNS_DIR)
-        print(f"real logs: {len(real)} runs from {REAL_RUNS_DIR}")
-        runs += real
+        real = labelled_runs(args.labels, REAL_RUNS_DIR)
+        collapsing = sum(r.collapses for r in real.runs)
+        print(
+            f"real logs: {len(real.runs)} runs ({collapsing} collapsing) from {REAL_RUNS_DIR}, "
+            f"labels {args.labels}"
+        )
+        if real.missing:
+            print(f"real logs: skipped (files missing): {', '.join(m.name for m in real.missing)}")
+        runs += real.runs
     else:
         print(f"real logs: {REAL_RUNS_DIR} not found, skipped")
     t0 = time.perf_counter()

@@ -81,7 +81,8 @@ GRAD_NORM: Final = "grad/norm"
 """Gradient norm before clipping."""
 LOSS: Final = "loss"
 KL_REF: Final = "kl/ref"
-"""KL to the reference policy (TRL `kl`, verl `actor/kl_loss`)."""
+"""KL to the reference policy (TRL `kl`, verl `actor/kl_loss`, or `actor/reward_kl_penalty` with the KL in
+the reward)."""
 KL_OLD: Final = "kl/old"
 """KL from the rollout (old) policy to the updated one (verl `actor/ppo_kl`)."""
 CLIP_FRAC: Final = "clip/frac"
@@ -92,6 +93,9 @@ REWARD_STD: Final = "reward/std"
 RESPONSE_LENGTH_MEAN: Final = "response/length_mean"
 RESPONSE_CLIP_RATIO: Final = "response/clip_ratio"
 SEARCH_VALID_PER_TRAJ: Final = "search/valid_per_traj"
+ACTION_VALID_RATIO: Final = "action/valid_ratio"
+"""Share of the agent's actions (tool calls, environment actions) that were valid (verl-agent's
+`episode/valid_action_ratio`); its fall is an invalid-action surge."""
 TURNS_MEAN: Final = "turns/mean"
 
 # --- importance ratios on A>0 tokens (SAPO's drift signature, lld-reference.md section 5) ---
@@ -146,6 +150,7 @@ CANONICAL_METRICS: Final = (
     RESPONSE_LENGTH_MEAN,
     RESPONSE_CLIP_RATIO,
     SEARCH_VALID_PER_TRAJ,
+    ACTION_VALID_RATIO,
     TURNS_MEAN,
     RATIO_POS_MEAN,
     RATIO_POS_MIN,

@@ -70,19 +70,22 @@ TRL_TO_CANONICAL: Final[Mapping[str, str]] = MappingProxyType(
         "reward_std": M.REWARD_STD,
         "frac_reward_zero_std": M.ADV_FRAC_ZERO_STD_GROUPS,  # share of groups whose rewards are all equal
         "completions/mean_length": M.RESPONSE_LENGTH_MEAN,  # counts model tokens only (tool_mask == 1)
+        "completion_length": M.RESPONSE_LENGTH_MEAN,  # TRL <= 0.15 (and ms-swift of that time)
         "completions/clipped_ratio": M.RESPONSE_CLIP_RATIO,  # share of completions cut at max length
         # loss (GRPOTrainer._compute_loss)
         "entropy": M.ENTROPY_MEAN,  # mean over loss-mask tokens
         "kl": M.KL_REF,  # KL to the reference model, only with beta != 0
         "clip_ratio/region_mean": M.CLIP_FRAC,  # grpo/bnpo/dr_grpo/dapo/luspo: share of clipped tokens
         "cispo_clip_ratio": M.CLIP_FRAC,  # cispo's counterpart (never logged together with the above)
+        "clip_ratio": M.CLIP_FRAC,  # TRL 0.16-0.17, before the split into clip_ratio/*
         # optimisation (transformers.Trainer._maybe_log_save_evaluate)
         "loss": M.LOSS,
         "grad_norm": M.GRAD_NORM,  # total norm before clipping
     }
 )
-"""TRL GRPOTrainer log key -> canonical name. Every other scalar (learning_rate, epoch,
-clip_ratio/low_mean, rewards/<func>/mean, tools/*, eval_* keys, ...) passes through under its own name."""
+"""TRL GRPOTrainer log key -> canonical name (also ms-swift's GRPO trainer, a TRL subclass that logs the same
+keys). Every other scalar (learning_rate, epoch, clip_ratio/low_mean, rewards/<func>/mean, tools/*, eval_*
+keys, ...) passes through under its own name."""
 
 VERL_TO_CANONICAL: Final[Mapping[str, str]] = MappingProxyType(
     {
@@ -91,12 +94,14 @@ VERL_TO_CANONICAL: Final[Mapping[str, str]] = MappingProxyType(
         "actor/grad_norm": M.GRAD_NORM,  # before clipping
         "actor/loss": M.LOSS,  # verl 0.9.1: total actor loss (pg + kl + entropy terms, + LLDS)
         "actor/kl_loss": M.KL_REF,  # KL to the reference policy (use_kl_loss)
+        "actor/reward_kl_penalty": M.KL_REF,  # the same KL when it is a reward penalty (use_kl_in_reward)
         "actor/ppo_kl": M.KL_OLD,  # masked mean of log pi_old - log pi_theta (old -> new policy)
         "actor/pg_clipfrac": M.CLIP_FRAC,
         "critic/score/mean": M.REWARD_MEAN,  # sequence score (reward before KL penalty)
         "response_length/mean": M.RESPONSE_LENGTH_MEAN,
         "response_length/clip_ratio": M.RESPONSE_CLIP_RATIO,
         "env/number_of_valid_search": M.SEARCH_VALID_PER_TRAJ,  # Search-R1's fork
+        "episode/valid_action_ratio": M.ACTION_VALID_RATIO,  # verl-agent (ALFWorld, WebShop)
         "num_turns/mean": M.TURNS_MEAN,  # verl's multi-turn agent loop
         "training/num_turns/mean": M.TURNS_MEAN,  # older location of the same
     }

@@ -17,7 +17,6 @@ Conventions shared by every run-page panel:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,10 +30,17 @@ from dashboard.theme import (
     BAND_OPACITY,
     BANDED_PHASES,
     DIRECTIVE_COLORS,
+    MARKER_SYMBOLS,
     PHASE_COLORS,
     PHASE_MARKER_COLOR,
     SERIES_COLORS,
     SEVERITY_COLORS,
+)
+from monitor.detector.explain import (
+    PHASE_DESCRIPTIONS,
+    explain_evidence,
+    explain_finding,
+    explain_phase_change,
 )
 from monitor.domain import AlertInfo, DirectiveInfo, PhaseEventInfo, Series
 
@@ -43,6 +49,8 @@ ACTION_HEIGHT = PANEL_HEIGHT + 30
 COMPARE_HEIGHT = PANEL_HEIGHT + 20
 MARKER_TRACE_NAME = "events"
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
+HOVER_LINES = 8
+"""Explanation lines in a marker's hover label (the timeline shows them all)."""
 
 Figure = dict[str, Any]
 """A plotly figure as a dict: {"data": [trace, ...], "layout": {...}}."""
@@ -102,38 +110,21 @@ def band_shapes(bands: Sequence[Band]) -> list[dict[str, Any]]:
     ]
 
 
-def evidence_lines(evidence: Mapping[str, Any], limit: int = 14) -> list[str]:
-    """Evidence as short readable lines (fired detector signals first)."""
-    lines: list[str] = []
-    signals = evidence.get("signals")
-    if isinstance(signals, Mapping):
-        for name, sig in sorted(signals.items(), key=lambda kv: not _fired(kv[1])):
-            if isinstance(sig, Mapping):
-                mark = "fired" if sig.get("fired") else "quiet"
-                stat, thr = sig.get("statistic"), sig.get("threshold")
-                lines.append(f"{name} [{mark}]: {sig.get('metric', '')} {_num(stat)} vs {_num(thr)}")
-    for key, value in evidence.items():
-        if key == "signals":
-            continue
-        if isinstance(value, Mapping | list):
-            text = json.dumps(value, default=str, separators=(",", ":"))
-            value = text if len(text) <= 80 else text[:77] + "..."
-        elif isinstance(value, float):
-            value = _num(value)
-        lines.append(f"{key}: {value}")
+def evidence_lines(evidence: Mapping[str, Any], limit: int = 14, *, step: int | None = None) -> list[str]:
+    """Evidence as short human lines (fired detector signals first; no internal keys): see
+    `monitor.detector.explain`."""
+    return _limited(explain_evidence(evidence, step=step), limit)
+
+
+def _limited(lines: list[str], limit: int) -> list[str]:
     if len(lines) > limit:
-        lines = [*lines[:limit], f"... {len(lines) - limit} more"]
+        return [*lines[:limit], f"... {len(lines) - limit} more"]
     return lines
 
 
-def _fired(sig: Any) -> bool:
-    return isinstance(sig, Mapping) and bool(sig.get("fired"))
-
-
-def _num(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+def _hover_lines(lines: Sequence[str], limit: int = HOVER_LINES) -> list[str]:
+    """Explanation lines wrapped for a hover label (plotly wraps nothing by itself)."""
+    return [_wrap(line) for line in _limited(list(lines), limit)]
 
 
 def alert_markers(alerts: Sequence[AlertInfo]) -> list[Marker]:
@@ -143,13 +134,13 @@ def alert_markers(alerts: Sequence[AlertInfo]) -> list[Marker]:
             group="alert",
             label=a.kind,
             color=SEVERITY_COLORS.get(a.severity, "#c62828"),
-            symbol="triangle-up",
+            symbol=MARKER_SYMBOLS["alert"],
             hover="<br>".join(
                 [
                     f"<b>alert {a.kind}</b> ({a.severity}, {a.status})",
                     f"steps {a.first_step}-{a.last_step}",
                     _wrap(a.message),
-                    *evidence_lines(a.evidence),
+                    *_hover_lines(explain_finding(a.kind, "", a.evidence, a.first_step)),
                 ]
             ),
         )
@@ -164,7 +155,7 @@ def directive_markers(directives: Sequence[DirectiveInfo]) -> list[Marker]:
             group="directive",
             label=f"LLDS {'on' if d.llds_enabled else 'off'}",
             color=DIRECTIVE_COLORS[d.llds_enabled],
-            symbol="diamond",
+            symbol=MARKER_SYMBOLS["directive"],
             hover="<br>".join(
                 [
                     f"<b>directive v{d.version}: LLDS {'on' if d.llds_enabled else 'off'}</b>"
@@ -186,22 +177,84 @@ def phase_markers(events: Sequence[PhaseEventInfo]) -> list[Marker]:
             group="phase",
             label=e.phase,
             color=PHASE_COLORS.get(e.phase, PHASE_MARKER_COLOR),
-            symbol="line-ns-open",
-            hover="<br>".join(
-                [
-                    f"<b>phase {e.previous_phase or '-'} → {e.phase}</b> at step {e.step}",
-                    *evidence_lines(e.evidence),
-                ]
-            ),
+            symbol=MARKER_SYMBOLS["phase"],
+            hover=_phase_hover(e),
         )
         for e in events
     ]
+
+
+def _phase_hover(e: PhaseEventInfo) -> str:
+    headline, *lines = explain_phase_change(e.phase, e.previous_phase, e.evidence, e.step)
+    return "<br>".join([f"<b>phase {_wrap(headline)}</b>", *_hover_lines(lines)])
 
 
 def markers_of(
     alerts: Sequence[AlertInfo], directives: Sequence[DirectiveInfo], events: Sequence[PhaseEventInfo]
 ) -> list[Marker]:
     return [*phase_markers(events), *alert_markers(alerts), *directive_markers(directives)]
+
+
+@dataclass(frozen=True)
+class LegendEntry:
+    group: str
+    """"band" (a phase's colour: badge, shaded band, phase-change marker) or a marker group."""
+    key: str
+    label: str
+    color: str
+    symbol: str | None
+    """The marker's plotly symbol (None for a phase colour)."""
+    description: str = ""
+    banded: bool = False
+
+
+def legend_entries() -> list[LegendEntry]:
+    """What the run page's colours and marker shapes mean, derived from the constants the figures use."""
+    entries = [
+        LegendEntry(
+            "band",
+            phase,
+            phase,
+            color,
+            None,
+            PHASE_DESCRIPTIONS.get(phase, ""),
+            banded=phase in BANDED_PHASES,
+        )
+        for phase, color in PHASE_COLORS.items()
+    ]
+    entries.append(
+        LegendEntry(
+            "phase",
+            "phase",
+            "phase change (in the new phase's colour)",
+            "#1f2328",  # drawn in each phase's own colour (PHASE_MARKER_COLOR for a phase without one)
+            MARKER_SYMBOLS["phase"],
+            "at the step the detector changed phase",
+        )
+    )
+    entries += [
+        LegendEntry(
+            "alert",
+            severity,
+            f"{severity} alert",
+            color,
+            MARKER_SYMBOLS["alert"],
+            "at the first step of the alert",
+        )
+        for severity, color in SEVERITY_COLORS.items()
+    ]
+    entries += [
+        LegendEntry(
+            "directive",
+            f"llds-{'on' if enabled else 'off'}",
+            f"directive: LLDS {'on' if enabled else 'off'}",
+            color,
+            MARKER_SYMBOLS["directive"],
+            "trainer directive issued at this step",
+        )
+        for enabled, color in sorted(DIRECTIVE_COLORS.items(), reverse=True)
+    ]
+    return entries
 
 
 _MARKER_Y = {"phase": 0.02, "alert": 0.05, "directive": 0.11}

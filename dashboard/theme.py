@@ -22,6 +22,15 @@ BAND_OPACITY: Final = 0.16
 SEVERITY_COLORS: Final[dict[str, str]] = {"warning": "#ef6c00", "critical": "#c62828"}
 DIRECTIVE_COLORS: Final[dict[bool, str]] = {True: "#1565c0", False: "#616161"}
 PHASE_MARKER_COLOR: Final = "#6a1b9a"
+"""Colour of a phase-change marker whose phase has no colour of its own."""
+MARKER_SYMBOLS: Final[dict[str, str]] = {
+    "phase": "line-ns-open",
+    "alert": "triangle-up",
+    "directive": "diamond",
+}
+"""Plotly marker symbol of each marker group drawn on the run-page panels."""
+SYMBOL_GLYPHS: Final[dict[str, str]] = {"line-ns-open": "│", "triangle-up": "▲", "diamond": "◆"}
+"""The same symbols as text, for the run page's legend."""
 SERIES_COLORS: Final = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#17becf")
 """Trace colours in panel order (first metric blue, second red, ...)."""
 
@@ -60,5 +69,11 @@ table.grid th { background: #f0f2f5; font-weight: 600; font-size: 13px; }
 .msg.err { color: #c62828; }
 details summary { cursor: pointer; color: #0b5cad; }
 pre.evidence { white-space: pre-wrap; font-size: 12px; margin: 4px 0; max-width: 720px; }
+ul.explanation { margin: 4px 0; padding-left: 18px; font-size: 12px; max-width: 720px; }
+.legend { display: flex; flex-wrap: wrap; gap: 6px 18px; align-items: center; font-size: 12px; }
+.legend .item { display: inline-flex; align-items: center; gap: 5px; }
+.legend .swatch { display: inline-block; width: 22px; height: 12px; border-radius: 2px; }
+.legend .glyph { font-size: 15px; line-height: 1; width: 16px; text-align: center; }
+.legend .head { font-weight: 600; }
 .error-page { max-width: 640px; margin: 60px auto; }
 """

@@ -2,43 +2,59 @@
 
 Sources: "generated" (`monitor.detector.scenarios`, written here to the detector's idea of the phases),
 "lab" (recorded runs of the collapse lab, `monitor.lab.fixtures`: real GRPO runs, every hook metric)
-and "third-party" (real trainer logs of others, `real_runs`: all healthy controls, no hook metrics).
-A score over all sources together would let the generated runs hide the others, so every summary and
-every target is per source.
+and "third-party" (real trainer logs of others, labelled in a labels file, `monitor.run_labels`: the repo's
+`DEFAULT_LABELS` list every log in ../shared/datasets/real_runs, collapses and controls, without hook
+metrics). A score over all sources together would let the generated runs hide the others, so every summary
+and every target is per source.
 
 Per run, per source and per group of runs:
-- the label: `monitor.detector.labels.collapse_step` (the one collapse rule: the first step after
-  which the reward's 10-step trailing mean stays below 20 % of its running peak until the end);
+- the label: given (scenarios, lab fixtures, labels file) or `monitor.detector.labels.collapse_step` (the
+  one collapse rule: the first step after which the reward's 10-step trailing mean stays below 20 % of its
+  running peak until the end);
 - lead time: steps from the first decay / collapse finding to the labelled collapse; positive =
   warned before it;
 - detection delay: steps from the labelled collapse to the first `lld_collapse` finding (<= 0: before);
 - first finding of any kind (warning or critical) and whether it came before the labelled collapse;
-- false alarms on runs that do not collapse: an `lld_collapse` finding or any critical terminal flag.
-Pure apart from reading log files through `monitor.importers` (`real_runs`).
+- first critical finding.
+
+The targets, per source (`check_targets`); a finding's severity is `monitor.detector.SEVERITY[kind]` looked
+up at run time (any kind the detector has, today's or a new one):
+1. every collapsing run has a critical finding by its labelled collapse step + `CRITICAL_WITHIN` (5; before
+   the label counts too), or by step `EARLY_DEADLINE` (15) for a run labelled at step <= `EARLY_LABEL` (10);
+2. every collapsing run with hook likelihood metrics (`lld/*` columns) has a warning or critical finding at
+   least `WARNING_LEAD` (20) steps before its labelled collapse; only runs labelled at step >= 20 can
+   count, and the check says how many could;
+3. no critical finding on any control.
+Pure apart from reading log files through `monitor.importers` (`labelled_runs`, `real_runs`).
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 
 from contracts import metrics as M
 from monitor.detector import (
+    COLLAPSE_WARNINGS,
     LLD_COLLAPSE,
     LLD_DECAY,
     SEVERITY,
+    TRAINING_COLLAPSE,
     DetectorConfig,
     OfflineResult,
     detect_offline,
 )
 from monitor.detector.labels import collapse_step
 from monitor.detector.scenarios import Scenario
-from monitor.importers import ParsedLog, load_trl_stdout, load_verl_console
+from monitor.importers import LogImportError, ParsedLog, load_log
+from monitor.run_labels import DEFAULT_LABELS, LabelsError, RunLabel, read_labels
 
 SOURCE_GENERATED = "generated"
 SOURCE_LAB = "lab"
@@ -47,9 +63,47 @@ SOURCES = (SOURCE_GENERATED, SOURCE_LAB, SOURCE_THIRD_PARTY)
 """Where labelled runs come from, in report order (module docstring)."""
 
 LEAD_TARGET = 40
-"""Median lead time (steps) wanted on collapse runs with hook metrics."""
+"""Median lead time (steps) wanted on collapse runs with hook metrics (a figure, not a target any more)."""
 DELAY_TARGET = 5
-"""Largest detection delay (steps after the reward collapse) wanted without hook metrics."""
+"""Largest detection delay (steps after the reward collapse) wanted without hook metrics (a figure)."""
+
+CRITICAL_WITHIN: Final = 5
+"""Target 1: a critical finding at most this many steps after the labelled collapse (or before it)."""
+EARLY_LABEL: Final = 10
+EARLY_DEADLINE: Final = 15
+"""Target 1 for a collapse labelled at step <= `EARLY_LABEL`: a critical finding by step `EARLY_DEADLINE`."""
+WARNING_LEAD: Final = 20
+"""Target 2: a warning or critical finding at least this many steps before the labelled collapse."""
+HOOK_PREFIX: Final = "lld/"
+"""A run with a column under this prefix has the hook likelihood metrics (target 2)."""
+
+TARGET_CRITICAL = "critical finding by label + 5 (by step 15 if label <= 10), collapsing runs"
+TARGET_EARLY = "warning >= 20 steps before the label, collapsing runs with lld/* metrics"
+TARGET_CONTROLS = "critical findings on controls"
+
+
+def severity_of(kind: str, fallback: str | None = None) -> str | None:
+    """The severity of a finding kind: `monitor.detector.SEVERITY` at call time (new kinds included);
+    `fallback` (the finding's own severity) for a kind it does not list."""
+    return SEVERITY.get(kind, fallback)
+
+
+def critical_deadline(label: int) -> int:
+    """Last step at which a critical finding meets target 1 for a collapse labelled at `label`."""
+    return EARLY_DEADLINE if label <= EARLY_LABEL else label + CRITICAL_WITHIN
+
+
+def has_hook_metrics(
+    values: Mapping[str, npt.NDArray[np.float64]], present: Mapping[str, npt.NDArray[np.bool_]] | None
+) -> bool:
+    """True when at least one `lld/*` metric was logged at some step."""
+    for name, column in values.items():
+        if not name.startswith(HOOK_PREFIX):
+            continue
+        logged = present.get(name) if present is not None else None
+        if bool(np.any(logged)) if logged is not None else bool(np.any(np.isfinite(column))):
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -124,6 +178,48 @@ class RunReport:
     first_finding: int | None = None
     """First step with any warning or critical finding."""
     first_finding_kind: str | None = None
+    first_critical: int | None = None
+    """First step with a critical finding (severity from `SEVERITY`)."""
+    first_critical_kind: str | None = None
+    first_warning: int | None = None
+    """First step with a warning that announces a collapse (`COLLAPSE_WARNINGS`) or a critical finding:
+    what target 2 counts (an advantage-collapse warning, a stagnation diagnosis, does not)."""
+    first_warning_kind: str | None = None
+    has_hooks: bool = False
+    """The run has hook likelihood metrics (`lld/*` columns)."""
+
+    @property
+    def deadline(self) -> int | None:
+        """Target 1: last step for a critical finding (None: not a collapsing run with a label)."""
+        if not self.collapses or self.collapse_step is None:
+            return None
+        return critical_deadline(self.collapse_step)
+
+    @property
+    def critical_in_time(self) -> bool:
+        """Target 1 met: a collapsing run with a critical finding by its deadline."""
+        deadline = self.deadline
+        return deadline is not None and self.first_critical is not None and self.first_critical <= deadline
+
+    @property
+    def early_countable(self) -> bool:
+        """Target 2 applies: a collapsing run with hook metrics labelled at step >= `WARNING_LEAD`."""
+        return (
+            self.collapses
+            and self.has_hooks
+            and self.collapse_step is not None
+            and self.collapse_step >= WARNING_LEAD
+        )
+
+    @property
+    def warned_early(self) -> bool:
+        """Target 2 met: a collapse warning or critical finding >= `WARNING_LEAD` steps before the label."""
+        return (
+            self.early_countable
+            and self.first_warning is not None
+            and self.collapse_step is not None
+            and self.first_warning <= self.collapse_step - WARNING_LEAD
+        )
 
     @property
     def caught_before_crash(self) -> bool:
@@ -140,7 +236,7 @@ class RunReport:
 
     @property
     def false_alarm(self) -> bool:
-        """A control run with a collapse finding or a critical terminal flag."""
+        """A control run with a critical finding (target 3)."""
         return not self.collapses and bool(self.critical_kinds)
 
 
@@ -183,6 +279,14 @@ class SourceSummary:
     controls: int
     false_alarms: int
     decay_warnings_on_controls: int
+    critical_in_time: int = 0
+    """Target 1: collapsing runs with a critical finding by their deadline (of `collapsing`)."""
+    hooked_collapsing: int = 0
+    """Collapsing runs with hook likelihood metrics."""
+    early_countable: int = 0
+    """Target 2: of those, the ones labelled at step >= `WARNING_LEAD`."""
+    warned_early: int = 0
+    """Target 2: of the countable ones, those warned >= `WARNING_LEAD` steps before the label."""
 
 
 @dataclass(frozen=True)
@@ -192,6 +296,8 @@ class TargetCheck:
     target: str
     met: bool
     source: str = "all"
+    offending: tuple[str, ...] = ()
+    """The runs that miss it, each with the numbers why ("name (label 11, first critical none)")."""
 
 
 @dataclass(frozen=True)
@@ -215,13 +321,22 @@ def score_run(run: LabelledRun, result: OfflineResult) -> RunReport:
     label = run.collapse_step
     if label is None and run.collapses:
         label = collapse_step(run.steps, run.values.get(M.REWARD_MEAN, np.full(run.steps.size, np.nan)))
-    first_alert = result.first(LLD_DECAY, LLD_COLLAPSE)
-    flagged = sorted((f.first_step, f.kind) for f in result.findings if f.severity in ("warning", "critical"))
-    first_collapse = result.first(LLD_COLLAPSE)
+    first_alert = result.first(LLD_DECAY, LLD_COLLAPSE, TRAINING_COLLAPSE)
+    severity = {f.kind: severity_of(f.kind, f.severity) for f in result.findings}
+    flagged = sorted(
+        (f.first_step, f.kind) for f in result.findings if severity[f.kind] in ("warning", "critical")
+    )
+    critical_spans = sorted((f.first_step, f.kind) for f in result.findings if severity[f.kind] == "critical")
+    warning_spans = sorted(
+        (f.first_step, f.kind)
+        for f in result.findings
+        if severity[f.kind] == "critical" or f.kind in COLLAPSE_WARNINGS
+    )
+    first_collapse = result.first(LLD_COLLAPSE, TRAINING_COLLAPSE)
     lead = None if label is None or first_alert is None else label - first_alert
     delay = None if label is None or first_collapse is None else first_collapse - label
-    critical = sorted({f.kind for f in result.findings if SEVERITY.get(f.kind) == "critical"})
-    warnings = sorted({f.kind for f in result.findings if SEVERITY.get(f.kind) == "warning"})
+    critical = sorted({kind for kind, sev in severity.items() if sev == "critical"})
+    warnings = sorted({kind for kind, sev in severity.items() if sev == "warning"})
     path = tuple(c.phase for c in result.phase_changes)
     return RunReport(
         name=run.name,
@@ -240,6 +355,11 @@ def score_run(run: LabelledRun, result: OfflineResult) -> RunReport:
         source=run.source,
         first_finding=flagged[0][0] if flagged else None,
         first_finding_kind=flagged[0][1] if flagged else None,
+        first_critical=critical_spans[0][0] if critical_spans else None,
+        first_critical_kind=critical_spans[0][1] if critical_spans else None,
+        first_warning=warning_spans[0][0] if warning_spans else None,
+        first_warning_kind=warning_spans[0][1] if warning_spans else None,
+        has_hooks=has_hook_metrics(run.values, run.present),
     )
 
 
@@ -284,6 +404,10 @@ def summarise_source(source: str, reports: Sequence[RunReport]) -> SourceSummary
         controls=len(controls),
         false_alarms=sum(r.false_alarm for r in controls),
         decay_warnings_on_controls=sum(LLD_DECAY in r.warning_kinds for r in controls),
+        critical_in_time=sum(r.critical_in_time for r in collapsing),
+        hooked_collapsing=sum(r.has_hooks for r in collapsing),
+        early_countable=sum(r.early_countable for r in collapsing),
+        warned_early=sum(r.warned_early for r in collapsing),
     )
 
 
@@ -300,57 +424,68 @@ def source_targets(reports: Sequence[RunReport]) -> list[TargetCheck]:
     return [t for s, rs in by_source(reports).items() for t in check_targets(rs, source=s)]
 
 
+def _at(step: int | None, kind: str | None = None) -> str:
+    if step is None:
+        return "none"
+    return f"{step} ({kind})" if kind else str(step)
+
+
 def check_targets(reports: Sequence[RunReport], source: str = "all") -> list[TargetCheck]:
-    """The issue's targets over whatever runs are present."""
+    """The three targets (module docstring) over whatever runs are present: a target is checked only when
+    there are runs it applies to (target 2 is listed whenever there are collapsing runs with hook metrics,
+    met when every countable one is warned in time)."""
     checks: list[TargetCheck] = []
-    hooked = [r for r in reports if r.collapses and not r.degraded]
+    collapsing = [r for r in reports if r.collapses]
+    if collapsing:
+        missed = [r for r in collapsing if not r.critical_in_time]
+        checks.append(
+            TargetCheck(
+                TARGET_CRITICAL,
+                f"{len(collapsing) - len(missed)}/{len(collapsing)}",
+                "all",
+                not missed,
+                source,
+                tuple(
+                    f"{r.name} (label {_at(r.collapse_step)}, deadline {_at(r.deadline)}, "
+                    f"first critical {_at(r.first_critical, r.first_critical_kind)})"
+                    for r in missed
+                ),
+            )
+        )
+    hooked = [r for r in collapsing if r.has_hooks]
     if hooked:
-        leads = [r.lead_time if r.lead_time is not None else -(10**6) for r in hooked]
-        med = statistics.median(leads)  # a run without an alert counts as the worst lead
-        caught = sum(r.caught_before_crash for r in hooked)
-        silent = sum(r.lead_time is None for r in hooked)
+        countable = [r for r in hooked if r.early_countable]
+        late = [r for r in countable if not r.warned_early]
         checks.append(
             TargetCheck(
-                "median lead time, collapse runs with hooks",
-                (f"{med:g}" if med > -(10**6) else "none")
-                + (f" ({silent}/{len(hooked)} without an alert)" if silent else ""),
-                f">= {LEAD_TARGET}",
-                med >= LEAD_TARGET,
+                TARGET_EARLY,
+                f"{len(countable) - len(late)}/{len(countable)} countable "
+                f"({len(hooked) - len(countable)} of {len(hooked)} labelled before step {WARNING_LEAD})",
+                "all countable",
+                not late,
                 source,
-            )
-        )
-        checks.append(
-            TargetCheck(
-                "caught before the reward collapse, with hooks",
-                f"{caught}/{len(hooked)}",
-                "all",
-                caught == len(hooked),
-                source,
-            )
-        )
-    degraded = [r for r in reports if r.collapses and r.degraded]
-    if degraded:
-        ok = [r.detection_delay is not None and r.detection_delay <= DELAY_TARGET for r in degraded]
-        worst = max((r.detection_delay for r in degraded if r.detection_delay is not None), default=None)
-        checks.append(
-            TargetCheck(
-                "collapse finding <= 5 steps after the reward collapse, without hooks",
-                f"{sum(ok)}/{len(degraded)} (worst {worst})",
-                "all",
-                all(ok),
-                source,
+                tuple(
+                    f"{r.name} (label {_at(r.collapse_step)}, "
+                    f"first warning {_at(r.first_warning, r.first_warning_kind)})"
+                    for r in late
+                ),
             )
         )
     controls = [r for r in reports if not r.collapses]
     if controls:
-        bad = [r.name for r in controls if r.false_alarm]
+        bad = [r for r in controls if r.false_alarm]
         checks.append(
             TargetCheck(
-                "collapse findings / critical flags on controls",
-                f"{len(bad)}/{len(controls)}" + (f" ({', '.join(bad[:5])})" if bad else ""),
+                TARGET_CONTROLS,
+                f"{len(bad)}/{len(controls)}",
                 "0",
                 not bad,
                 source,
+                tuple(
+                    f"{r.name} (first critical {_at(r.first_critical, r.first_critical_kind)}; "
+                    f"{','.join(r.critical_kinds)})"
+                    for r in bad
+                ),
             )
         )
     return checks
@@ -410,6 +545,8 @@ def render(report: EvaluationReport, per_run: bool = True) -> str:
                 "lead",
                 "delay",
                 "first finding",
+                "first critical",
+                "deadline",
                 "critical",
                 "warnings",
             ],
@@ -426,6 +563,8 @@ def render(report: EvaluationReport, per_run: bool = True) -> str:
                     r.lead_time,
                     r.detection_delay,
                     None if r.first_finding is None else f"{r.first_finding} ({r.first_finding_kind})",
+                    None if r.first_critical is None else f"{r.first_critical} ({r.first_critical_kind})",
+                    r.deadline,
                     ",".join(r.critical_kinds) or "-",
                     ",".join(r.warning_kinds) or "-",
                 ]
@@ -434,7 +573,11 @@ def render(report: EvaluationReport, per_run: bool = True) -> str:
         )
         lines.append("")
     lines.append("score per source (crash: labelled collapse, monitor/detector/labels.py; alert: first")
-    lines.append("lld_decay/lld_collapse finding; lead = crash - alert, > 0 caught before the collapse):")
+    lines.append("lld_decay/lld_collapse finding; lead = crash - alert, > 0 caught before the collapse;")
+    lines.append(
+        f"critical<=deadline: a critical finding by crash + {CRITICAL_WITHIN} (by step {EARLY_DEADLINE} if crash"
+        f" <= {EARLY_LABEL}); warn>={WARNING_LEAD} before: runs with lld/* metrics labelled >= {WARNING_LEAD}):"
+    )
     lines += _table(
         [
             "source",
@@ -448,6 +591,8 @@ def render(report: EvaluationReport, per_run: bool = True) -> str:
             "delay med",
             "no alert",
             "missed",
+            "critical<=deadline",
+            f"warn>={WARNING_LEAD} before",
             "controls",
             "false alarms",
             "decay warn (controls)",
@@ -465,6 +610,8 @@ def render(report: EvaluationReport, per_run: bool = True) -> str:
                 s.delay_median,
                 s.no_alert,
                 s.missed,
+                f"{s.critical_in_time}/{s.collapsing}",
+                f"{s.warned_early}/{s.early_countable} ({s.hooked_collapsing} hooked)",
                 s.controls,
                 s.false_alarms,
                 s.decay_warnings_on_controls,
@@ -510,55 +657,70 @@ def render(report: EvaluationReport, per_run: bool = True) -> str:
         ],
     )
     lines.append("")
+    lines.append("targets per source (false alarm: a critical finding on a control):")
     lines += _table(
         ["source", "target", "value", "wanted", "met"],
         [[t.source, t.name, t.value, t.target, "yes" if t.met else "NO"] for t in report.targets],
     )
+    for t in report.targets:
+        if t.offending:
+            lines.append(f"[{t.source}] {t.name}: missed by")
+            lines += [f"  {run}" for run in t.offending]
     return "\n".join(lines)
 
 
-REAL_RUNS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    (
-        "verl-gsm8k-qwen2.5-0.5b-ppo",
-        "verl",
-        ("verl_data_gsm8k_ppo/Qwen2.5-0.5B-bsz256_2-prompt1024-resp512-0.567.log",),
-    ),
-    (
-        "verl-gsm8k-gemma-2-2b-ppo",
-        "verl",
-        ("verl_data_gsm8k_ppo/gemma-2-2b-it-ppo-bsz512_4-prompt1024-resp-512-0.640.log",),
-    ),
-    (
-        "searchr1-grpo-qwen2.5-3b",
-        "verl",
-        (
-            "wallace_searchr1_grpo_gigpo/grpo__train_v2.pre_resume_step100.log",
-            "wallace_searchr1_grpo_gigpo/grpo__train_v2_resume_from100.log",
-        ),
-    ),
-    (
-        "searchr1-gigpo-qwen2.5-3b",
-        "verl",
-        (
-            "wallace_searchr1_grpo_gigpo/gigpo__train_300_gigpo.pre_resume_step100.log",
-            "wallace_searchr1_grpo_gigpo/gigpo__train_300_gigpo_resume_from100.log",
-        ),
-    ),
-    ("trl-finqa-qwen2.5-7b-grpo", "trl", ("wallace_finqa_trl_grpo/train_stage7_grpo_long2400_r32.log",)),
-)
-"""The real third-party logs (../shared/datasets/real_runs/README.md): none of them collapses."""
+@dataclass(frozen=True)
+class LabelledRuns:
+    """The runs of a labels file whose files exist, and the entries skipped because a file is missing."""
+
+    runs: list[LabelledRun]
+    missing: list[RunLabel]
+    labels: Path
 
 
-def real_runs(root: Path) -> list[LabelledRun]:
-    """The real logs under `root` (missing files are skipped), labelled by the one collapse rule (none of
-    the five collapses by it: they are controls), source "third-party"."""
-    out: list[LabelledRun] = []
-    for name, fmt, files in REAL_RUNS:
-        paths = [root / f for f in files]
-        if not all(p.is_file() for p in paths):
-            continue
-        log = load_verl_console(paths) if fmt == "verl" else load_trl_stdout(paths)
-        label = collapse_step(log.steps, log.values.get(M.REWARD_MEAN, np.full(log.steps.size, np.nan)))
-        run = LabelledRun.from_log(name, log, group="real", collapses=label is not None)
-        out.append(replace(run, collapse_step=label))
-    return out
+def labelled_run(label: RunLabel, source: str = SOURCE_THIRD_PARTY, group: str = "real") -> LabelledRun:
+    """One labels-file entry imported and labelled (`monitor.run_labels`). Raises `LabelsError` naming the
+    entry when its log cannot be imported, when `collapse_step` is not a step of the run, or when it
+    collapses without a `collapse_step` and the collapse rule finds none."""
+    try:
+        log = load_log(label.paths, label.fmt)
+    except LogImportError as exc:
+        raise LabelsError(f"{label.where()}: field 'path': {exc}") from None
+    step = label.collapse_step
+    if label.collapses and step is None:
+        step = collapse_step(log.steps, log.values.get(M.REWARD_MEAN, np.full(log.steps.size, np.nan)))
+        if step is None:
+            raise LabelsError(
+                f"{label.where()}: field 'collapse_step': missing, and the collapse rule "
+                "(monitor/detector/labels.py) finds no collapse in its reward/mean; give collapse_step"
+            )
+    elif step is not None and log.steps.size and not (log.steps[0] <= step <= log.steps[-1]):
+        raise LabelsError(
+            f"{label.where()}: field 'collapse_step': {step} is outside the run's steps "
+            f"({int(log.steps[0])}-{int(log.steps[-1])})"
+        )
+    run = LabelledRun.from_log(label.name, log, group=group, collapses=label.collapses, source=source)
+    return replace(run, collapse_step=step)
+
+
+def labelled_runs(
+    labels: str | os.PathLike[str] = DEFAULT_LABELS, root: str | os.PathLike[str] | None = None
+) -> LabelledRuns:
+    """The runs of a labels file (default: the repo's labels of ../shared/datasets/real_runs), paths
+    relative to `root` (default: the labels file's folder), source "third-party". Entries whose files are
+    missing are skipped and listed in `missing`; any other problem raises `LabelsError`."""
+    entries = read_labels(labels, root)
+    runs: list[LabelledRun] = []
+    missing: list[RunLabel] = []
+    for label in entries:
+        if label.missing_files():
+            missing.append(label)
+        else:
+            runs.append(labelled_run(label))
+    return LabelledRuns(runs=runs, missing=missing, labels=Path(labels))
+
+
+def real_runs(root: Path, labels: str | os.PathLike[str] = DEFAULT_LABELS) -> list[LabelledRun]:
+    """The real logs under `root` (../shared/datasets/real_runs) with their labels from `labels` (the
+    repo's labels file by default); entries whose files are missing are skipped."""
+    return labelled_runs(labels, root).runs

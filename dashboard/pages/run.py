@@ -11,9 +11,11 @@ from dash.development.base_component import Component
 
 from contracts.wire import DIRECTIVE_POLICIES
 from dashboard.data import RunContext
-from dashboard.figures import ACTION_HEIGHT, PANEL_HEIGHT, empty_figure, evidence_lines
+from dashboard.figures import ACTION_HEIGHT, PANEL_HEIGHT, LegendEntry, empty_figure, legend_entries
 from dashboard.layout import PathFor, ago, phase_badge, tag_list
 from dashboard.panels import PANELS
+from dashboard.theme import BAND_OPACITY, SYMBOL_GLYPHS
+from monitor.detector.explain import PHASE_DESCRIPTIONS, explain_finding, explain_phase_change
 from monitor.domain import DirectiveInfo, RunInfo
 
 REFRESH_MS = 5_000
@@ -48,6 +50,7 @@ def layout(
                 className="card",
             ),
             directive_card(run, directive, steer),
+            legend_card(),
             html.Div(
                 [
                     html.Div(
@@ -209,13 +212,68 @@ def actions_card() -> Component:
     )
 
 
+def _legend_item(entry: LegendEntry) -> Component:
+    if entry.symbol is None:
+        mark = html.Span(className="swatch", style={"background": entry.color})
+        if entry.banded:  # also shown as the shaded band behind the charts
+            band = {"background": entry.color, "opacity": BAND_OPACITY, "border": f"1px solid {entry.color}"}
+            mark = html.Span([mark, html.Span(className="swatch", style=band)], className="item")
+    else:
+        mark = html.Span(
+            SYMBOL_GLYPHS.get(entry.symbol, "●"), className="glyph", style={"color": entry.color}
+        )
+    data_attrs: dict[str, Any] = {"data-legend": f"{entry.group}:{entry.key}"}
+    return html.Span([mark, html.Span(entry.label)], className="item", title=entry.description, **data_attrs)
+
+
+def legend_card() -> Component:
+    """What the phase colours and the marker shapes on the panels mean (from the figures' own constants)."""
+    entries = legend_entries()
+    phases = [e for e in entries if e.symbol is None]
+    markers = [e for e in entries if e.symbol is not None]
+    return html.Div(
+        [
+            html.Div(
+                [
+                    html.Span(
+                        "Phases", className="head", title="badge colour; shaded band behind the charts"
+                    ),
+                    *[_legend_item(e) for e in phases],
+                ],
+                className="legend",
+            ),
+            html.Div(
+                [html.Span("Markers", className="head"), *[_legend_item(e) for e in markers]],
+                className="legend",
+                style={"marginTop": "6px"},
+            ),
+            html.Div(
+                "A phase's colour is its badge and its phase-change marker; stagnation, decay and collapse are"
+                " also shaded (light swatch) behind the charts from the step the phase began."
+                " Hover a marker for the evidence.",
+                className="muted",
+                style={"fontSize": "12px", "marginTop": "4px"},
+            ),
+        ],
+        className="card",
+        id="run-legend",
+    )
+
+
 @dataclass(frozen=True)
 class TimelineRow:
     step: int
     kind: str
     title: str
     detail: str
+    explanation: list[str]
+    """Human lines (no internal keys): what fired, the statistic by name, the metric's values."""
     evidence: dict[str, object]
+    """The raw evidence (JSON), behind a "raw" toggle."""
+
+
+def _phase_detail(note: object, phase: str) -> str:
+    return note.strip() if isinstance(note, str) and note.strip() else PHASE_DESCRIPTIONS.get(phase, "")
 
 
 def timeline_rows(ctx: RunContext) -> list[TimelineRow]:
@@ -224,7 +282,8 @@ def timeline_rows(ctx: RunContext) -> list[TimelineRow]:
             e.step,
             "phase",
             f"{e.previous_phase or '-'} → {e.phase}",
-            str(e.evidence.get("note", "")),
+            _phase_detail(e.evidence.get("note"), e.phase),
+            explain_phase_change(e.phase, e.previous_phase, e.evidence, e.step)[1:],
             e.evidence,
         )
         for e in ctx.events
@@ -235,6 +294,7 @@ def timeline_rows(ctx: RunContext) -> list[TimelineRow]:
             "alert",
             f"{a.kind} ({a.severity}, {a.status})",
             f"steps {a.first_step}-{a.last_step}: {a.message}",
+            explain_finding(a.kind, "", a.evidence, a.first_step),
             a.evidence,
         )
         for a in ctx.alerts
@@ -245,6 +305,7 @@ def timeline_rows(ctx: RunContext) -> list[TimelineRow]:
             "directive",
             f"v{d.version}: LLDS {'on' if d.llds_enabled else 'off'} λ={d.llds_lambda:g}",
             f"{d.source}: {d.reason}",
+            [],
             {},
         )
         for d in ctx.directives
@@ -254,31 +315,46 @@ def timeline_rows(ctx: RunContext) -> list[TimelineRow]:
     return sorted(rows, key=lambda r: (-r.step, order[r.kind]))
 
 
+SUMMARY_CHARS = 160
+
+
+def _evidence_cell(r: TimelineRow) -> Component | str:
+    if not r.explanation and not r.evidence:
+        return ""
+    first = r.explanation[0] if r.explanation else "evidence"
+    summary = first if len(first) <= SUMMARY_CHARS else first[: SUMMARY_CHARS - 3] + "..."
+    more = f" (+{len(r.explanation) - 1} more)" if len(r.explanation) > 1 else ""
+    children: list[Component] = [html.Summary(summary + more)]
+    if r.explanation:
+        children.append(html.Ul([html.Li(line) for line in r.explanation], className="explanation"))
+    if r.evidence:
+        children.append(
+            html.Details(
+                [
+                    html.Summary("raw evidence (JSON)", className="muted"),
+                    html.Pre(json.dumps(r.evidence, indent=1, default=str), className="evidence"),
+                ]
+            )
+        )
+    return html.Details(children)
+
+
 def timeline_table(ctx: RunContext) -> Component:
     rows = timeline_rows(ctx)
     if not rows:
         return html.P("No phase changes, alerts or directives yet.", className="muted")
-    body = []
-    for r in rows:
-        evidence: Component | str = ""
-        if r.evidence:
-            evidence = html.Details(
-                [
-                    html.Summary("; ".join(evidence_lines(r.evidence, limit=3))[:140] or "evidence"),
-                    html.Pre(json.dumps(r.evidence, indent=1, default=str), className="evidence"),
-                ]
-            )
-        body.append(
-            html.Tr(
-                [
-                    html.Td(str(r.step)),
-                    html.Td(r.kind),
-                    html.Td(r.title),
-                    html.Td(r.detail),
-                    html.Td(evidence),
-                ],
-                className=f"timeline-{r.kind}",
-            )
+    body = [
+        html.Tr(
+            [
+                html.Td(str(r.step)),
+                html.Td(r.kind),
+                html.Td(r.title),
+                html.Td(r.detail),
+                html.Td(_evidence_cell(r)),
+            ],
+            className=f"timeline-{r.kind}",
         )
+        for r in rows
+    ]
     head = html.Thead(html.Tr([html.Th(c) for c in ("step", "kind", "what", "detail", "evidence")]))
     return html.Table([head, html.Tbody(body)], className="grid", id="timeline-table")

@@ -12,11 +12,12 @@ import random
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 import httpx
 
+from monitor.detector.explain import explain_finding
 from monitor.telemetry import ServiceMetrics
 
 log = logging.getLogger("lldmon.alerts")
@@ -34,10 +35,22 @@ class Notification:
     step: int
     message: str
     evidence: dict[str, Any]
+    """The detector's raw evidence (JSON, for machines)."""
+    explanation: list[str] = field(default_factory=list)
+    """The evidence in words (`monitor.detector.explain`); derived from `evidence` when not given."""
+
+    def __post_init__(self) -> None:
+        if not self.explanation:
+            lines = explain_finding(self.kind, "", self.evidence, self.step)
+            object.__setattr__(self, "explanation", lines)
 
     def summary(self) -> str:
         state = "RESOLVED" if self.event == "resolved" else self.severity.upper()
         return f"[{state}] {self.project}/{self.run_name} (run {self.run_id}) step {self.step}: {self.kind}: {self.message}"
+
+    def text(self) -> str:
+        """The summary and, one per line, what the detector saw."""
+        return "\n".join([self.summary(), *(f"• {line}" for line in self.explanation)])
 
 
 class Sink(Protocol):
@@ -51,7 +64,8 @@ class LogSink:
 
     def send(self, notification: Notification) -> None:
         level = logging.INFO if notification.event == "resolved" else logging.WARNING
-        log.log(level, notification.summary())
+        evidence = " | ".join(notification.explanation)
+        log.log(level, notification.summary() + (f" | {evidence}" if evidence else ""))
 
 
 class WebhookSink:
@@ -64,6 +78,7 @@ class WebhookSink:
         self.client = client
 
     def send(self, notification: Notification) -> None:
+        """The notification's fields: raw `evidence` for machines, `explanation` (list of lines) for people."""
         self.client.post(self.url, json=asdict(notification)).raise_for_status()
 
 
@@ -77,7 +92,7 @@ class SlackSink:
         self.client = client
 
     def send(self, notification: Notification) -> None:
-        self.client.post(self.url, json={"text": notification.summary()}).raise_for_status()
+        self.client.post(self.url, json={"text": notification.text()}).raise_for_status()
 
 
 class Dispatcher:

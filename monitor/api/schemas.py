@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from contracts.directive import DEFAULT_LLDS_LAMBDA
 from monitor.api.unicode import invalid_text_path
+from monitor.detector.explain import explain_finding, explain_phase_change
 from monitor.domain import AlertInfo, DirectiveInfo, IngestAck, PhaseEventInfo, RunInfo
 
 Name = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00]+$")]
@@ -153,7 +154,12 @@ class PhaseEventOut(BaseModel):
     step: int
     phase: str
     previous_phase: str | None
-    evidence: dict[str, Any]
+    evidence: dict[str, Any] = Field(description="The detector's raw evidence (for machines).")
+    explanation: list[str] = Field(
+        default_factory=list,
+        description="The phase change in words: a headline, then each signal with its statistic by name, "
+        "the metric's recent value and baseline; the degraded-mode note only when detection is degraded.",
+    )
     created_at: datetime
 
     @classmethod
@@ -164,6 +170,7 @@ class PhaseEventOut(BaseModel):
             phase=e.phase,
             previous_phase=e.previous_phase,
             evidence=e.evidence,
+            explanation=explain_phase_change(e.phase, e.previous_phase, e.evidence, e.step),
             created_at=e.created_at,
         )
 
@@ -174,7 +181,12 @@ class AlertOut(BaseModel):
     severity: str
     status: str
     message: str
-    evidence: dict[str, Any]
+    evidence: dict[str, Any] = Field(description="The detector's raw evidence (for machines).")
+    explanation: list[str] = Field(
+        default_factory=list,
+        description="The evidence in words: each signal with its statistic by name, the metric's recent "
+        "value and baseline; the degraded-mode note only when detection is degraded.",
+    )
     first_step: int
     last_step: int
     created_at: datetime
@@ -191,6 +203,7 @@ class AlertOut(BaseModel):
             status=a.status,
             message=a.message,
             evidence=a.evidence,
+            explanation=explain_finding(a.kind, "", a.evidence, a.first_step),
             first_step=a.first_step,
             last_step=a.last_step,
             created_at=a.created_at,

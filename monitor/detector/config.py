@@ -1,6 +1,8 @@
 """Detector thresholds and windows, each with where its default comes from.
 
-Windows count *logged points* (one per training step when a trainer logs every step). Sources:
+Windows count *steps*, not logged points: a run that logs every 10 steps is judged on the same time
+scales as one that logs every step. Where a metric is logged more sparsely than a window is long, the
+window reaches back to the `min_*_points` most recent values (never beyond `history_steps`). Sources:
 [LLD] = lld-reference.md sections 2-3 (Deng et al., arXiv 2512.04220, Fig. 2-4); "real logs" =
 ../shared/datasets/real_runs (healthy verl GSM8K PPO, noisy Search-R1 GRPO/GiGPO, stagnant TRL FinQA), read
 with `monitor.importers`; "scenarios" = `monitor.detector.scenarios` (calibrated to [LLD] section 3). The
@@ -20,14 +22,27 @@ from typing import Any
 class DetectorConfig:
     # --- warm-up ---------------------------------------------------------------------------------------
     warmup_steps: int = 20
-    """Points processed before any phase is judged (terminal flags fire from the first point). Gives the
-    grad-norm / entropy baselines >= 15 points; [LLD] phase I lasts to ~step 60, so nothing is lost."""
+    """Steps after the run's first logged step before phases I-II are judged. Terminal flags, dead runs,
+    reward-to-zero and blow-ups fire from the first point (against the run's own start and absolute
+    levels), so a run that dies at step 5 is flagged at step 5-10, not never ([LLD] phase I lasts to ~step
+    60, so nothing of phases I-II is lost)."""
+    history_steps: int = 240
+    """Steps of history each point is judged on (the service reads this many steps back): the longest
+    window stretched to its minimum points at one log line every 10 steps. Project choice."""
     min_baseline_points: int = 15
-    """Fewest finite (non-idle) reference points for a baseline median / MAD to be trusted."""
+    """Fewest finite (non-idle) reference values for a baseline median / MAD to be trusted."""
+    min_start_points: int = 5
+    """A young run (fewer than `min_baseline_points` values so far) is judged against its own first values
+    once it has this many: a collapse inside the first 20 steps is not learnt as the normal state."""
+    min_recent_points: int = 3
+    """Fewest values in a "recent" window (a median of 3 values: one outlier cannot move it)."""
+    min_trend_points: int = 10
+    """Fewest values for a Mann-Kendall trend (n = 10: the smallest n whose |z| can pass 3 with margin)."""
 
     # --- likelihood trend: phases I-II (needs the lld/* hook metrics) ------------------------------------
     trend_window: int = 30
-    """Theil-Sen / CUSUM window for `lld/logp_pos`, `lld/frac_traj_decreased_pos`, `lld/delta_traj_pos`.
+    """Theil-Sen / CUSUM window (steps) for `lld/logp_pos`, `lld/logp_correct`, the decreased shares and
+    the exact deltas.
     [LLD] phase II (steady decay) lasts ~60 steps (60-120); a 30-point window confirms a decay inside its
     first half, which leaves >= 40 steps before the reward collapse."""
     reference_window: int = 40
@@ -45,6 +60,17 @@ class DetectorConfig:
     delta_negative_share: float = 0.8
     """Share of the trend window with `lld/delta_traj_pos` < 0 (D_traj <= eps on correct responses is the
     LLD definition, lld-reference.md section 2); 24 of 30 has p = 0.0007 under a fair coin."""
+    anchor_window: int = 60
+    """Steps of the anchor set's trend (`lld/anchor/logp` is scored every 5 steps: 12 values)."""
+    anchor_min_points: int = 8
+    """Fewest anchor values for its trend."""
+    anchor_smooth_points: int = 3
+    """The anchor's current level is the median of its last this-many values; the peak is the running
+    maximum of that median."""
+    anchor_drop: float = 0.3
+    """Phase II on the anchor set: its mean per-token log-prob this many nats below its running peak (and a
+    significant downward trend). Lab (tests/fixtures/lab, `python -m benchmarks.detection`): healthy lr 3e-4
+    runs fall <= 0.2 in 300 steps, the late regime's runs 0.5-2.5 before their collapse. Project choice."""
     accel_window: int = 10
     """Short window for the phase-III likelihood slope ([LLD] Fig. 2: the sharp drop takes ~10-20 steps; the scenarios use an exponential with a 5-12 step time scale)."""
     accel_ratio: float = 3.0
@@ -79,8 +105,10 @@ class DetectorConfig:
 
     # --- reward crash ------------------------------------------------------------------------------------
     reward_smooth: int = 3
-    """Trailing median length of the reward, so a single noisy step is never a crash (the labelled
+    """Steps of the reward's trailing median, so a single noisy step is never a crash (the labelled
     collapse step of the evaluation is another, slower rule: `monitor.detector.labels.collapse_step`)."""
+    reward_smooth_points: int = 3
+    """...holding at least this many reward values (a reward logged every 4 steps: the last 3 rollouts)."""
     reward_crash_frac: float = 0.5
     """Crash: smoothed reward below floor + this share of (running peak - floor)."""
     reward_floor: float = 0.0
@@ -105,8 +133,10 @@ class DetectorConfig:
     """Consecutive steps without the condition to leave stagnation / decay."""
     recovery_confirm: int = 20
     """Collapse is sticky: this many consecutive recovered steps to leave it."""
-    recovery_frac: float = 0.8
-    """Recovered: smoothed reward >= floor + this share of (peak - floor), and no surge or sharp drop."""
+    recovery_frac: float = 0.5
+    """Recovered: smoothed reward >= floor + this share of (peak - floor), no surge or sharp drop and no
+    critical finding. Lab late regime seed 2: the reward fell from 0.28 to ~0.03 for 50 steps, then came
+    back to 0.15-0.3 and trained for 200 steps more. Project choice."""
 
     # --- terminal signatures (lld-reference.md section 3: what users report) -------------------------------
     terminal_window: int = 5
@@ -114,12 +144,17 @@ class DetectorConfig:
     nonfinite_clear: int = 5
     """A non-finite grad norm / loss finding stays active until this many finite values follow."""
     reward_zero_window: int = 10
-    """Points inspected for "reward to 0"."""
-    reward_zero_share: float = 0.9
-    """Share of those points at ~0. Real logs: Search-R1 has ~15 % zero-score steps and TRL FinQA ~20 %
-    steps <= 0.1, so 9 of 10 never happens by chance there."""
-    reward_zero_level: float = 0.05
-    """"~0": reward <= floor + this share of (peak - floor)."""
+    """Steps inspected for "reward to 0"..."""
+    reward_zero_points: int = 3
+    """...holding at least this many reward values."""
+    reward_zero_share: float = 1.0
+    """Share of those values at the floor: all of them (>= 3 values over >= 10 steps). Real logs: TRL FinQA
+    (reward 0-2, 5 % of its steps at 0) has 9 of 10 steps below 20 % of its peak once in 2,400 steps and
+    never 10 of 10; Search-R1 has ~15 % zero-score steps."""
+    reward_zero_level: float = 0.2
+    """"At the floor of its range": reward <= floor + this share of (running peak - floor), the fraction of
+    the one collapse rule (`monitor.detector.labels`), so the alert and the label speak of the same level.
+    With `reward_zero_share` of >= 3 values. Lab early regime: 0.27 -> 0.03 within 12 steps."""
     reward_zero_min_peak: float = 0.05
     """The run must first have reached floor + this (absolute) for "reward to 0" to mean anything."""
     length_collapse_ratio: float = 0.25
@@ -134,6 +169,33 @@ class DetectorConfig:
     """KL blow-up: recent median above this absolute value... Real logs: |ppo_kl| <= 0.006."""
     kl_blowup_factor: float = 10.0
     """...and this many times the baseline median |KL| (slow growth of a KL-to-reference is not a blow-up)."""
+    dead_window: int = 6
+    """Dead run: over the last this-many steps every logged grad norm is idle (no learning signal: every
+    group had zero reward variance) and every logged reward is at ~0 (`reward_zero_level`). GRPO cannot
+    leave that state by itself: all-zero rewards give zero advantages. Lab early regime: grad norm 0 from
+    the labelled collapse on. Project choice."""
+    dead_min_points: int = 3
+    """Fewest grad-norm values (and 2 reward values) in the dead-run window."""
+    grad_idle_abs: float = 1e-6
+    """A grad norm at or below this is idle whatever the baseline (trainers log exactly 0)."""
+    length_explosion_ratio: float = 3.0
+    """Length explosion: recent median response length >= this times its baseline..."""
+    length_explosion_clip: float = 0.5
+    """...with at least this share of responses hitting the length limit (without a clip ratio logged:
+    `length_explosion_ratio` + 1 times the baseline). Lab late regime seed 3: length 13 -> 61 with 58 %
+    clipped at step 332, 9 steps before its labelled collapse. Real logs: clip ratio <= 0.28."""
+    entropy_explosion_ratio: float = 2.0
+    """Entropy explosion (warning): recent median entropy >= this times its baseline, with a robust z >=
+    `surge_z`; critical when validity degrades with it (valid actions or searches fall, clipping rises,
+    garbled outputs) or the reward crashes. Real logs: <= 1.3x on healthy runs ([LLD] section 3)."""
+    entropy_explosion_window: int = 10
+    """Steps of the recent entropy median for the explosion (slower than the 5-step surge)."""
+    validity_collapse_ratio: float = 0.5
+    """Invalid-action surge / tool-use collapse: recent median of valid actions (`action/valid_ratio`) or
+    valid searches per trajectory below this share of its baseline. Lab late regime seed 2: valid searches
+    0.9 -> 0.08 within 30 steps, 80 steps before its labelled collapse. Project choice."""
+    validity_min_baseline: float = 0.2
+    """The validity baseline must be at least this for its fall to mean anything."""
     garbled_max: float = 0.3
     """Share of garbled responses ([CalibAdv]: an action with perplexity >= 50)."""
 
@@ -183,6 +245,8 @@ class DetectorConfig:
             "adv_zero_std_enter",
             "adv_zero_std_exit",
             "grad_idle_ratio",
+            "length_explosion_clip",
+            "validity_collapse_ratio",
         ):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{name}: must be in (0, 1]")
@@ -190,7 +254,14 @@ class DetectorConfig:
             raise ValueError("accel_window must be >= 3 and trend_window >= 5")
         if self.adv_zero_std_exit > self.adv_zero_std_enter:
             raise ValueError("adv_zero_std_exit must be <= adv_zero_std_enter")
-        for name in ("grad_surge_ratio", "entropy_surge_ratio", "accel_ratio", "kl_blowup_factor"):
+        for name in (
+            "grad_surge_ratio",
+            "entropy_surge_ratio",
+            "accel_ratio",
+            "kl_blowup_factor",
+            "length_explosion_ratio",
+            "entropy_explosion_ratio",
+        ):
             if getattr(self, name) <= 1:
                 raise ValueError(f"{name}: must be > 1")
         if self.ratio_low >= 1 or self.ratio_high <= 1:
@@ -198,13 +269,20 @@ class DetectorConfig:
 
     @property
     def required_history(self) -> int:
-        """How many recent points `update` looks at for each new point (the current one included)."""
-        return 1 + max(
+        """How many recent steps `update` looks at for each new point (the current one included)."""
+        return max(self.history_steps, 1 + self.longest_window)
+
+    @property
+    def longest_window(self) -> int:
+        """The longest span of steps one signal looks at, before any stretching to minimum points."""
+        return max(
             self.reference_window + self.trend_window,
             self.trend_window + self.accel_window,
+            self.anchor_window,
             self.baseline_window + self.surge_recent,
             self.baseline_window + self.reward_smooth,
             self.baseline_window + self.terminal_window,
+            self.baseline_window + self.entropy_explosion_window,
             self.plateau_window,
             self.adv_zero_std_window,
             self.reward_zero_window,

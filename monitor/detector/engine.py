@@ -13,7 +13,15 @@ from contracts import metrics as M
 from monitor.detector import findings as F
 from monitor.detector import phases
 from monitor.detector.config import DetectorConfig
-from monitor.detector.signals import HOOK_METRICS, USED_METRICS, History, Signals, compute, recent_median
+from monitor.detector.signals import (
+    HOOK_METRICS,
+    USED_METRICS,
+    History,
+    Signals,
+    compute,
+    recent_median,
+    reward_smoothed,
+)
 from monitor.detector.state import DetectorState
 from monitor.detector.types import (
     BoolArray,
@@ -40,14 +48,25 @@ def _history(window: SeriesWindow, lo: int, hi: int) -> History:
     )
 
 
+def _first_index(steps: IntArray, i: int, horizon: int) -> int:
+    """Index of the first point within `horizon` steps of point i (the points it is judged on)."""
+    return int(np.searchsorted(steps, steps[i] - horizon + 1, side="left"))
+
+
 def _update_peaks(h: History, state: DetectorState, cfg: DetectorConfig) -> None:
-    r = recent_median(h, M.REWARD_MEAN, cfg.reward_smooth)
+    r = reward_smoothed(h, cfg)
     if math.isfinite(r) and (state.reward_peak is None or r > state.reward_peak):
         state.reward_peak = r
         state.reward_peak_step = h.step
-    e = recent_median(h, M.ENTROPY_MEAN, cfg.entropy_collapse_window)
+    e = recent_median(h, M.ENTROPY_MEAN, cfg.entropy_collapse_window, cfg.min_recent_points)
     if math.isfinite(e) and (state.entropy_peak is None or e > state.entropy_peak):
         state.entropy_peak = e
+    logged, _ = h.logged_now(M.ANCHOR_LOGP)
+    if logged:
+        a = recent_median(h, M.ANCHOR_LOGP, 1, cfg.anchor_smooth_points)
+        enough = h.finite_index(M.ANCHOR_LOGP).size >= cfg.anchor_smooth_points and math.isfinite(a)
+        if enough and (state.anchor_peak is None or a > state.anchor_peak):
+            state.anchor_peak = a
 
 
 def _finding(kind: str, record: dict[str, object], step: int) -> Finding:
@@ -68,10 +87,17 @@ def process_point(
     """Advance `state` (in place) by the current point of `h`; returns the phase change (if any) and the
     findings that started at this point."""
     state.n_points += 1
+    if state.first_step is None:
+        state.first_step = h.step
+    if not state.hooks_seen and any(h.logged_now(m)[0] for m in HOOK_METRICS):
+        state.hooks_seen = True
     _update_peaks(h, state, cfg)
-    sig: Signals | None = compute(h, cfg, state.reward_peak) if state.n_points >= cfg.warmup_steps else None
-    change = phases.advance(state, sig, h.step, cfg)
+    judged = h.step - state.first_step >= cfg.warmup_steps
+    sig: Signals = compute(h, cfg, state.reward_peak, state.hooks_seen, state.anchor_peak)
     conds = F.conditions(h, sig, cfg, state)
+    criticals = [c.kind for c in conds if F.SEVERITY[c.kind] == "critical"]
+    change = phases.advance(state, sig, h.step, cfg, criticals, judged)
+    conds.extend(F.phase_conditions(sig, state))
     started: list[Finding] = []
     now = {c.kind for c in conds}
     for kind in [k for k in state.active if k not in now]:
@@ -92,9 +118,9 @@ def process_point(
 def update(window: SeriesWindow, state: DetectorState | None, config: DetectorConfig) -> StepResult:
     """Process every point of `window` newer than `state.last_step`, in order (online).
 
-    Each point is judged on the `config.required_history` points ending at it, so a window should hold the
-    new points plus the `required_history - 1` points before them; results are then identical whatever the
-    batch sizes (see `detect_offline`). The input state is not modified."""
+    Each point is judged on the points of the `config.required_history` steps ending at it, so a window
+    should hold the new points plus the points of the `required_history - 1` steps before them; results
+    are then identical whatever the batch sizes (see `detect_offline`). The input state is not modified."""
     st = DetectorState() if state is None else state.copy()
     steps = window.steps
     start = 0 if st.last_step is None else int(np.searchsorted(steps, st.last_step, side="right"))
@@ -102,7 +128,7 @@ def update(window: SeriesWindow, state: DetectorState | None, config: DetectorCo
     started: list[Finding] = []
     horizon = config.required_history
     for i in range(start, steps.size):
-        h = _history(window, max(0, i - horizon + 1), i + 1)
+        h = _history(window, _first_index(steps, i, horizon), i + 1)
         change, new = process_point(h, st, config)
         if change is not None:
             changes.append(change)
@@ -134,7 +160,7 @@ class OfflineResult:
     findings: list[FindingSpan]
     state: DetectorState
     degraded: bool
-    """True when the run never had enough likelihood metrics for phases I-II."""
+    """True when the run never sent a likelihood metric (phases I-II could not be judged)."""
 
     def first(self, *kinds: str) -> int | None:
         """First step at which any finding of these kinds was active (None if never)."""
@@ -163,7 +189,7 @@ def detect_offline(
     open_spans: dict[tuple[str, int], list[object]] = {}
     spans: list[FindingSpan] = []
     for i in range(n):
-        lo = max(0, i - horizon + 1)
+        lo = _first_index(full.steps, i, horizon)
         window = SeriesWindow(
             steps=full.steps[lo : i + 1],
             values={k: v[lo : i + 1] for k, v in full.values.items()},
@@ -198,11 +224,7 @@ def detect_offline(
         phase_changes=changes,
         findings=spans,
         state=state if state is not None else DetectorState(),
-        degraded=not any(
-            int(np.isfinite(full.values[m]).sum()) >= cfg.trend_window // 2
-            for m in HOOK_METRICS
-            if m in full.values
-        ),
+        degraded=not (state is not None and state.hooks_seen),
     )
 
 

@@ -3,16 +3,18 @@
 Candidate of a point (lld-reference.md section 3):
 - collapse (phase III): a sharp likelihood drop with a grad-norm / entropy surge or a majority of correct
   responses losing likelihood; or grad-norm AND entropy surges together; or a reward crash.
-- decay (phase II, hooks only): a significant likelihood decline (Mann-Kendall / Theil-Sen + CUSUM), or
-  the share of correct responses losing likelihood rising while D_traj of correct responses is mostly
-  negative. "Grad norm stable" holds by priority (a decline with a surge is a collapse); a rising reward
+- decay (phase II, hooks only): likelihood evidence that cannot be population shift: the anchor set's
+  log-prob falling, the reward-defined correct population's log-prob declining, or exact per-update deltas
+  mostly negative; a decline of `lld/logp_pos` (whose A > 0 population changes every batch) only supports. "Grad norm stable" holds by priority (a decline with a surge is a collapse); a rising reward
   is reported as evidence but not required, since the reward saturates during phase II and a trend test
   on it then has no power.
 - stagnation (phase I, hooks only): likelihood flat while the reward rises.
 - healthy otherwise.
-Hysteresis: entering a phase needs k consecutive supporting points (`*_confirm`), leaving stagnation or
-decay needs `exit_confirm` points without it, and collapse is sticky until `recovery_confirm` consecutive
-recovered points (reward back near its peak, no surge, no sharp drop).
+Any critical finding (dead run, reward at 0, length / KL / ratio blow-ups, ...) moves the run into
+collapse at once, attributed to LLD only with likelihood evidence (`attribution`). Hysteresis in steps:
+entering a phase needs `*_confirm` steps of consecutive support (`confirmed`), leaving stagnation or decay
+`exit_confirm` steps without it, and collapse is sticky until `recovery_confirm` steps of recovery with no
+critical finding active (reward back near its peak, no surge, no sharp drop).
 """
 
 from __future__ import annotations
@@ -39,9 +41,15 @@ PHASE_SIGNALS = {
         "grad_surge",
         "entropy_surge",
         "logp_pos_sharp_drop",
+        "anchor_sharp_drop",
         "frac_decreased_majority",
+        "anchor_decline",
+        "logp_correct_decline",
     ),
     DECAY: (
+        "anchor_decline",
+        "logp_correct_decline",
+        "delta_traj_correct_negative",
         "logp_pos_decline",
         "frac_decreased_rising",
         "delta_traj_pos_negative",
@@ -51,6 +59,20 @@ PHASE_SIGNALS = {
     STAGNATION: ("logp_pos_flat", "reward_rising"),
     HEALTHY: ("logp_pos_decline", "logp_pos_flat", "reward_rising", "grad_surge", "entropy_surge"),
 }
+
+LLD_EVIDENCE = (
+    "anchor_decline",
+    "logp_correct_decline",
+    "delta_traj_correct_negative",
+    "anchor_sharp_drop",
+    "logp_pos_sharp_drop",
+    "frac_decreased_majority",
+)
+"""Signals that attribute a collapse to lazy likelihood displacement (`lld_collapse`); without any of them
+(and without a phase II before it) a collapse is a `training_collapse`."""
+
+LLD_COLLAPSE_KIND = "lld_collapse"
+TRAINING_COLLAPSE_KIND = "training_collapse"
 
 
 def candidate(sig: Signals) -> tuple[str, list[str]]:
@@ -62,15 +84,24 @@ def candidate(sig: Signals) -> tuple[str, list[str]]:
     if f("grad_surge") and f("entropy_surge"):
         return COLLAPSE, ["grad_surge", "entropy_surge"]
     if sig.hooks:
-        if f("logp_pos_sharp_drop"):
-            support = [n for n in ("grad_surge", "entropy_surge", "frac_decreased_majority") if f(n)]
-            if support:
-                return COLLAPSE, ["logp_pos_sharp_drop", *support]
-        if f("logp_pos_decline"):
-            return DECAY, ["logp_pos_decline"] + [
-                n for n in ("frac_decreased_rising", "delta_traj_pos_negative") if f(n)
-            ]
+        lld_now = f("anchor_decline") or f("logp_correct_decline")
+        for drop in ("anchor_sharp_drop", "logp_pos_sharp_drop"):
+            # a sharp drop needs the anchor / correct responses declining too (lld/logp_pos alone can be
+            # population shift; the anchor is scored every few steps, so its short slope alone is noisy)
+            # and a grad-norm or entropy surge ([LLD] phase III)
+            surges = [n for n in ("grad_surge", "entropy_surge") if f(n)]
+            if f(drop) and lld_now and surges:
+                return COLLAPSE, [drop, *surges]
+        support = [
+            n for n in ("logp_pos_decline", "frac_decreased_rising", "delta_traj_pos_negative") if f(n)
+        ]
+        evidence = [
+            n for n in ("anchor_decline", "logp_correct_decline", "delta_traj_correct_negative") if f(n)
+        ]
+        if evidence:
+            return DECAY, evidence + support
         if f("frac_decreased_rising") and f("delta_traj_pos_negative"):
+            # exact per-update deltas of the same responses: not population shift
             return DECAY, ["frac_decreased_rising", "delta_traj_pos_negative"]
         if f("logp_pos_flat") and f("reward_rising"):
             return STAGNATION, ["logp_pos_flat", "reward_rising"]
@@ -85,84 +116,120 @@ def recovered(sig: Signals, state: DetectorState, cfg: DetectorConfig) -> bool:
     floor = cfg.reward_floor
     back = sig.reward_smooth >= floor + cfg.recovery_frac * (peak - floor)
     quiet = not any(
-        sig.fired(n) for n in ("grad_surge", "entropy_surge", "logp_pos_sharp_drop", "reward_crash")
+        sig.fired(n)
+        for n in ("grad_surge", "entropy_surge", "logp_pos_sharp_drop", "anchor_sharp_drop", "reward_crash")
     )
     return back and quiet
 
 
 def _evidence(
-    sig: Signals, phase: str, reasons: list[str], confirmations: int, cfg: DetectorConfig, note: str
+    sig: Signals | None, phase: str, reasons: list[str], confirmations: int, note: str
 ) -> dict[str, Any]:
     names = PHASE_SIGNALS.get(phase, ())
-    ev: dict[str, Any] = {
-        "reasons": reasons,
-        "confirmations": confirmations,
-        "note": note,
-        "signals": sig.evidence(tuple(dict.fromkeys([*reasons, *names]))),
-        "degraded": not sig.hooks,
-    }
-    if not sig.hooks:
-        ev["explanation"] = DEGRADED_EXPLANATION
+    ev: dict[str, Any] = {"reasons": reasons, "confirmations": confirmations, "note": note}
+    if sig is not None:
+        ev["signals"] = sig.evidence(tuple(dict.fromkeys([*reasons, *names])))
+        if not sig.hooks:
+            ev["degraded"] = True
+            ev["explanation"] = DEGRADED_EXPLANATION
     return ev
 
 
-def advance(state: DetectorState, sig: Signals | None, step: int, cfg: DetectorConfig) -> PhaseChange | None:
-    """Update the phase of `state` with the point at `step` (signals None during warm-up)."""
+def _streak(state: DetectorState, name: str, holds: bool, step: int) -> tuple[int, int]:
+    """(consecutive supporting points, steps they span) of the counter `name` after this point."""
+    key, since = f"phase:{name}", f"since:{name}"
     counters = state.counters
+    if holds:
+        counters[key] = counters.get(key, 0) + 1
+        if counters[key] == 1:
+            counters[since] = step
+        return counters[key], step - counters.get(since, step) + 1
+    counters[key] = 0
+    counters.pop(since, None)
+    return 0, 0
+
+
+def confirmed(streak: tuple[int, int], need: int) -> bool:
+    """`need` steps of support: at least `min(need, 2)` consecutive supporting points spanning `need`
+    steps (a run logging every step needs `need` points, one logging every 10 steps two)."""
+    points, span = streak
+    return (points >= min(need, 2) and span >= need) or points >= need
+
+
+def attribution(sig: Signals | None, state: DetectorState) -> str:
+    """`lld_collapse` with likelihood evidence now or a phase II before; else `training_collapse`."""
+    if state.phase == DECAY:
+        return LLD_COLLAPSE_KIND
+    if sig is not None and sig.hooks and any(sig.fired(n) for n in LLD_EVIDENCE):
+        return LLD_COLLAPSE_KIND
+    return TRAINING_COLLAPSE_KIND
+
+
+def advance(
+    state: DetectorState,
+    sig: Signals | None,
+    step: int,
+    cfg: DetectorConfig,
+    criticals: list[str] | None = None,
+    judged: bool = True,
+) -> PhaseChange | None:
+    """Update the phase of `state` with the point at `step`. `criticals`: the critical findings active at
+    this point (any of them puts the run in phase III: the phase never contradicts its alerts); `judged`:
+    the warm-up is over (phases I-II and signal-based collapses are judged)."""
+    criticals = criticals or []
+    if criticals:
+        _streak(state, "recovered", False, step)
+        if state.phase != COLLAPSE:
+            fired = [n for n in PHASE_SIGNALS[COLLAPSE] if sig is not None and sig.fired(n)]
+            reasons = [*criticals, *fired]
+            state.collapse_kind = attribution(sig, state)
+            state.collapse_reasons = reasons
+            ev = _evidence(sig, COLLAPSE, reasons, 1, "critical finding: " + ", ".join(criticals))
+            return _change(state, step, COLLAPSE, ev)
+        return None
     if state.phase == WARMUP:
-        if state.n_points < cfg.warmup_steps or sig is None:
+        if not judged or sig is None:
             return None
-        return _change(
-            state,
-            step,
-            HEALTHY,
-            {
-                "reasons": ["warmup_done"],
-                "note": f"{cfg.warmup_steps} points seen: baselines established",
-                "degraded": not sig.hooks,
-                **({"explanation": DEGRADED_EXPLANATION} if not sig.hooks else {}),
-            },
-        )
-    if sig is None:
+        ev = {"reasons": ["warmup_done"], "note": f"{cfg.warmup_steps} steps seen: baselines established"}
+        if not sig.hooks:
+            ev.update(degraded=True, explanation=DEGRADED_EXPLANATION)
+        return _change(state, step, HEALTHY, ev)
+    if sig is None or not judged:
         return None
     cand, reasons = candidate(sig)
-    for name, supporters in SUPPORT.items():
-        key = f"phase:{name}"
-        counters[key] = counters.get(key, 0) + 1 if cand in supporters else 0
+    streaks = {name: _streak(state, name, cand in supporters, step) for name, supporters in SUPPORT.items()}
     current = state.phase
     if current == COLLAPSE:
-        key = "phase:recovered"
-        counters[key] = counters.get(key, 0) + 1 if recovered(sig, state, cfg) else 0
-        if counters[key] >= cfg.recovery_confirm:
+        rec = _streak(state, "recovered", recovered(sig, state, cfg), step)
+        if confirmed(rec, cfg.recovery_confirm):
             ev = _evidence(
-                sig, HEALTHY, ["recovered"], counters[key], cfg, "reward back near its peak, no surge"
+                sig, HEALTHY, ["recovered"], rec[0], "reward back near its peak, no surge, no critical"
             )
+            state.collapse_kind = None
+            state.collapse_reasons = []
             return _change(state, step, HEALTHY, ev)
         return None
-    if counters["phase:collapse"] >= cfg.collapse_confirm:
-        ev = _evidence(sig, COLLAPSE, reasons, counters["phase:collapse"], cfg, "phase III signature")
+    if confirmed(streaks["collapse"], cfg.collapse_confirm):
+        state.collapse_kind = attribution(sig, state)
+        state.collapse_reasons = list(reasons)
+        ev = _evidence(sig, COLLAPSE, reasons, streaks["collapse"][0], "phase III signature")
         return _change(state, step, COLLAPSE, ev)
-    if current != DECAY and counters["phase:decay"] >= cfg.decay_confirm:
+    if current != DECAY and confirmed(streaks["decay"], cfg.decay_confirm):
         decay_reasons = reasons if cand == DECAY else [*reasons, "(collapse signals not yet confirmed)"]
-        ev = _evidence(sig, DECAY, decay_reasons, counters["phase:decay"], cfg, "phase II: likelihood decays")
+        ev = _evidence(sig, DECAY, decay_reasons, streaks["decay"][0], "phase II: likelihood decays")
         return _change(state, step, DECAY, ev)
     if current == DECAY:
-        if counters["phase:calm"] >= cfg.exit_confirm:
-            ev = _evidence(sig, cand, reasons, counters["phase:calm"], cfg, "likelihood decline over")
+        if confirmed(streaks["calm"], cfg.exit_confirm):
+            ev = _evidence(sig, cand, reasons, streaks["calm"][0], "likelihood decline over")
             return _change(state, step, cand, ev)
         return None
-    if current == HEALTHY and counters["phase:stagnation"] >= cfg.stagnation_confirm:
+    if current == HEALTHY and confirmed(streaks["stagnation"], cfg.stagnation_confirm):
         ev = _evidence(
-            sig,
-            STAGNATION,
-            reasons,
-            counters["phase:stagnation"],
-            cfg,
-            "phase I: likelihood flat, reward rising",
+            sig, STAGNATION, reasons, streaks["stagnation"][0], "phase I: likelihood flat, reward rising"
         )
         return _change(state, step, STAGNATION, ev)
-    if current == STAGNATION and counters["phase:healthy"] >= cfg.exit_confirm:
-        ev = _evidence(sig, HEALTHY, reasons, counters["phase:healthy"], cfg, "stagnation over")
+    if current == STAGNATION and confirmed(streaks["healthy"], cfg.exit_confirm):
+        ev = _evidence(sig, HEALTHY, reasons, streaks["healthy"][0], "stagnation over")
         return _change(state, step, HEALTHY, ev)
     return None
 
@@ -171,6 +238,6 @@ def _change(state: DetectorState, step: int, phase: str, evidence: dict[str, Any
     previous = state.phase
     state.phase = phase
     state.phase_since = step
-    for key in [k for k in state.counters if k.startswith("phase:")]:
-        state.counters[key] = 0
+    for key in [k for k in state.counters if k.startswith(("phase:", "since:"))]:
+        del state.counters[key]
     return PhaseChange(step=step, phase=phase, previous_phase=previous, evidence=evidence)

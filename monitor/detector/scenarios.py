@@ -14,7 +14,8 @@ surges start 0-6 steps after it. The label is the one collapse rule of every lld
 (`labels.collapse_step`: the reward's 10-step trailing mean stays below 20 % of its running peak).
 
 Controls: healthy runs (reward rises and saturates, entropy decays smoothly, likelihood of correct
-responses rises, isolated grad-norm spikes of up to 40x and spike clusters like the verl GSM8K Qwen log)
+responses rises, isolated grad-norm spikes of up to 40x and spike clusters like the verl GSM8K Qwen log;
+every second one with a population shift: `lld/logp_pos` falls while the anchor set holds)
 and noisy-stagnant runs (small batches as in the Search-R1 logs: flat noisy reward with many zero-score
 steps, idle steps with grad norm ~0, 40-75 % zero-std groups as in the TRL FinQA log, isolated spikes).
 Every scenario exists with the hook metrics and without them (degraded: what an imported log holds).
@@ -95,6 +96,19 @@ def _spikes(rng: np.random.Generator, n: int, prob: float, low: float, high: flo
     return mult
 
 
+def _likelihood_views(
+    rng: np.random.Generator, clean: FloatArray, noisy: FloatArray, every: int = 5
+) -> dict[str, FloatArray]:
+    """`lld/logp_correct` (the reward-defined correct population: the batch's own noise) and the anchor
+    set's `lld/anchor/logp` (fixed responses re-scored every `every` steps: the clean curve plus a little
+    noise, NaN between scorings) of a run whose correct-response likelihood follows `clean`."""
+    n = clean.size
+    anchor = np.full(n, np.nan)
+    idx = np.arange(0, n, every)
+    anchor[idx] = clean[idx] + rng.normal(0, 0.01, idx.size)
+    return {M.LOGP_CORRECT: noisy + rng.normal(0, 0.005, n), M.ANCHOR_LOGP: anchor}
+
+
 def _finish(
     name: str,
     kind: Kind,
@@ -107,6 +121,8 @@ def _finish(
     n = next(iter(values.values())).size
     steps = np.arange(n, dtype=np.int64)
     present = {k: np.ones(n, dtype=np.bool_) for k in values}
+    if M.ANCHOR_LOGP in values:  # scored every few steps only
+        present[M.ANCHOR_LOGP] = ~np.isnan(values[M.ANCHOR_LOGP])
     for k, mask in (absent or {}).items():
         values[k] = values[k].copy()
         values[k][mask] = np.nan
@@ -156,9 +172,8 @@ def collapse_scenario(seed: int) -> Scenario:
     sigma_l = rng.uniform(0.005, 0.02)
     logp = l0 + s1 * np.minimum(t, t1) + s2 * np.clip(t - t1, 0, None)
     logp = logp - rng.uniform(0.02, 0.06) * (np.exp(after2 / rng.uniform(5, 12)) - 1)
-    logp = (
-        np.maximum(logp, -8.0) + rng.normal(0, sigma_l, n) + _ar1(rng, n, rng.uniform(0.3, 0.7), sigma_l / 2)
-    )
+    logp_clean = np.maximum(logp, -8.0)
+    logp = logp_clean + rng.normal(0, sigma_l, n) + _ar1(rng, n, rng.uniform(0.3, 0.7), sigma_l / 2)
     gap = 0.05 + 0.25 / (1 + np.exp(-(t - 80) / 10))
     logp_neg = logp - gap + rng.normal(0, sigma_l, n)
 
@@ -197,6 +212,7 @@ def collapse_scenario(seed: int) -> Scenario:
         M.RATIO_POS_MEAN: 1 - 0.2 * (1 - np.exp(-after2 / 15)) + rng.normal(0, 0.005, n),
         M.RATIO_POS_FRAC_LOW: np.clip(0.02 + 0.3 * (1 - np.exp(-after2 / 15)) + rng.normal(0, 0.01, n), 0, 1),
         M.GARBLED_FRAC: np.clip(0.01 + rng.uniform(0.1, 0.6) * (1 - decline) + rng.normal(0, 0.01, n), 0, 1),
+        **_likelihood_views(rng, logp_clean, logp),
     }
     values[M.TURNS_MEAN] = values[M.SEARCH_VALID_PER_TRAJ] + 1
     absent: dict[str, BoolArray] = {}
@@ -211,9 +227,11 @@ def collapse_scenario(seed: int) -> Scenario:
     )
 
 
-def healthy_scenario(seed: int, n_steps: int | None = None) -> Scenario:
+def healthy_scenario(seed: int, n_steps: int | None = None, population_shift: bool = False) -> Scenario:
     """A run that learns and saturates without collapsing (with hook metrics); 250-450 steps unless
-    `n_steps` is given (the cost benchmark uses 10k)."""
+    `n_steps` is given (the cost benchmark uses 10k). `population_shift`: `lld/logp_pos` falls by 0.15-0.4
+    as easy groups leave the A > 0 population, while the anchor set and the correct population hold
+    their likelihood (a control that must stay healthy: issue 14)."""
     rng = np.random.default_rng(seed)
     n = int(rng.integers(250, 451))
     if n_steps is not None:
@@ -235,8 +253,14 @@ def healthy_scenario(seed: int, n_steps: int | None = None) -> Scenario:
     entropy = e0 * (floor_share + (1 - floor_share) * np.exp(-t / rng.uniform(30, 120)))
     entropy = entropy * (1 + rng.normal(0, rng.uniform(0.02, 0.05), n))
     sigma_l = rng.uniform(0.005, 0.02)
-    logp = rng.uniform(-0.6, -0.2) + rng.uniform(0.02, 0.2) * (1 - np.exp(-t / rng.uniform(30, 120)))
-    logp = logp + rng.normal(0, sigma_l, n) + _ar1(rng, n, rng.uniform(0.3, 0.7), sigma_l / 2)
+    logp_clean = rng.uniform(-0.6, -0.2) + rng.uniform(0.02, 0.2) * (1 - np.exp(-t / rng.uniform(30, 120)))
+    logp = logp_clean + rng.normal(0, sigma_l, n) + _ar1(rng, n, rng.uniform(0.3, 0.7), sigma_l / 2)
+    views = _likelihood_views(rng, logp_clean, logp)
+    shift = population_shift
+    if shift:
+        # easy groups leave the A > 0 population as they are solved: its mean log-prob falls although no
+        # response loses likelihood (the anchor set and the correct population stay put)
+        logp = logp - rng.uniform(0.15, 0.4) * (1 - np.exp(-t / rng.uniform(40, 100)))
     frac = np.clip(rng.uniform(0.2, 0.4) + rng.normal(0, rng.uniform(0.02, 0.04), n), 0, 1)
     delta = rng.uniform(0.01, 0.06) + rng.normal(0, rng.uniform(0.01, 0.02), n)
     values = _common(rng, n, reward, grad, entropy)
@@ -249,9 +273,11 @@ def healthy_scenario(seed: int, n_steps: int | None = None) -> Scenario:
             M.DELTA_TRAJ_NEG: -rng.uniform(0.05, 0.15) + rng.normal(0, 0.02, n),
             M.FRAC_TRAJ_DECREASED_POS: frac,
             M.FRAC_ACTION_DECREASED_POS: np.clip(frac + 0.05 + rng.normal(0, 0.02, n), 0, 1),
+            **views,
         }
     )
-    return _finish(f"healthy-{seed}+hooks", "healthy", seed, values, None, {})
+    name = f"{'population-shift' if shift else 'healthy'}-{seed}+hooks"
+    return _finish(name, "healthy", seed, values, None, {})
 
 
 def noisy_stagnant_scenario(seed: int) -> Scenario:
@@ -277,9 +303,8 @@ def noisy_stagnant_scenario(seed: int) -> Scenario:
     values[M.ADV_FRAC_ZERO_STD_GROUPS] = zero_std
     values[M.RESPONSE_LENGTH_MEAN] = values[M.RESPONSE_LENGTH_MEAN] * (1 + rng.normal(0, 0.12, n))
     sigma_l = rng.uniform(0.02, 0.05)
-    logp = (
-        rng.uniform(-0.6, -0.2) + rng.normal(0, sigma_l, n) + _ar1(rng, n, rng.uniform(0.3, 0.8), sigma_l / 2)
-    )
+    level = rng.uniform(-0.6, -0.2)
+    logp = level + rng.normal(0, sigma_l, n) + _ar1(rng, n, rng.uniform(0.3, 0.8), sigma_l / 2)
     frac = np.clip(rng.uniform(0.3, 0.5) + rng.normal(0, 0.08, n), 0, 1)
     delta = rng.uniform(-0.01, 0.03) + rng.normal(0, 0.03, n)
     values.update(
@@ -291,6 +316,7 @@ def noisy_stagnant_scenario(seed: int) -> Scenario:
             M.DELTA_TRAJ_NEG: -rng.uniform(0.0, 0.1) + rng.normal(0, 0.03, n),
             M.FRAC_TRAJ_DECREASED_POS: frac,
             M.FRAC_ACTION_DECREASED_POS: np.clip(frac + rng.normal(0, 0.05, n), 0, 1),
+            **_likelihood_views(rng, np.full(n, level), logp),
         }
     )
     no_correct = reward == 0  # no A>0 responses: the hooks log nothing for them
@@ -302,6 +328,7 @@ def noisy_stagnant_scenario(seed: int) -> Scenario:
             M.DELTA_ACTION_POS,
             M.FRAC_TRAJ_DECREASED_POS,
             M.FRAC_ACTION_DECREASED_POS,
+            M.LOGP_CORRECT,
         )
     }
     return _finish(f"noisy-stagnant-{seed}+hooks", "noisy_stagnant", seed, values, None, {}, absent)
@@ -338,7 +365,8 @@ def scenario_suite(
     hook metrics and (if `degraded`) again without them. Seeds are derived from `seed`."""
     base = np.random.default_rng(seed).integers(0, 2**31 - 1, size=n_collapse + 2 * n_controls)
     runs: list[Scenario] = [collapse_scenario(int(s)) for s in base[:n_collapse]]
-    runs += [healthy_scenario(int(s)) for s in base[n_collapse : n_collapse + n_controls]]
+    controls = base[n_collapse : n_collapse + n_controls]
+    runs += [healthy_scenario(int(s), population_shift=i % 2 == 1) for i, s in enumerate(controls)]
     runs += [noisy_stagnant_scenario(int(s)) for s in base[n_collapse + n_controls :]]
     if degraded:
         runs += [r.without_hooks() for r in list(runs)]

@@ -16,20 +16,23 @@ import numpy as np
 from contracts import metrics as M
 from monitor.detector import stats
 from monitor.detector.config import DetectorConfig
-from monitor.detector.stats import FloatArray
+from monitor.detector.stats import FloatArray, IntArray
 from monitor.detector.types import BoolArray
 
 DEGRADED_EXPLANATION: Final = (
-    "likelihood metrics (lld/logp_pos, lld/frac_traj_decreased_pos, lld/delta_traj_pos) are absent - an "
-    "imported trainer log or hooks switched off. Phases I-II (stagnation, decay) cannot be seen without "
-    "them; only phase III (collapse) and terminal signatures are detected, from reward, grad norm, entropy, "
-    "response length, KL and clip fraction."
+    "this run has never sent likelihood metrics (lld/* from lldmon's trainer hooks: lld/anchor/logp, "
+    "lld/logp_correct, lld/logp_pos, ...) - an imported trainer log or hooks switched off. Phases I-II "
+    "(stagnation, decay) cannot be seen without them; only collapses and terminal signatures are detected, "
+    "from reward, grad norm, entropy, response length, KL, validity and clip fraction."
 )
 
 USED_METRICS: Final = (
     M.LOGP_POS,
     M.FRAC_TRAJ_DECREASED_POS,
     M.DELTA_TRAJ_POS,
+    M.LOGP_CORRECT,
+    M.DELTA_TRAJ_CORRECT,
+    M.ANCHOR_LOGP,
     M.REWARD_MEAN,
     M.GRAD_NORM,
     M.ENTROPY_MEAN,
@@ -41,10 +44,20 @@ USED_METRICS: Final = (
     M.RATIO_POS_MEAN,
     M.GARBLED_FRAC,
     M.ADV_FRAC_ZERO_STD_GROUPS,
+    M.SEARCH_VALID_PER_TRAJ,
+    M.ACTION_VALID_RATIO,
 )
 """The metrics the detector reads; everything else in a window is ignored."""
 
-HOOK_METRICS: Final = (M.LOGP_POS, M.FRAC_TRAJ_DECREASED_POS, M.DELTA_TRAJ_POS)
+HOOK_METRICS: Final = (
+    M.LOGP_POS,
+    M.FRAC_TRAJ_DECREASED_POS,
+    M.DELTA_TRAJ_POS,
+    M.LOGP_CORRECT,
+    M.DELTA_TRAJ_CORRECT,
+    M.ANCHOR_LOGP,
+)
+"""Likelihood metrics only lldmon's hooks send: a run that ever logged one is judged with phases I-II."""
 
 
 def num(x: float | None, digits: int = 6) -> float | None:
@@ -85,15 +98,18 @@ def off(name: str, metric: str | None = None, why: str = "not enough data") -> I
 
 @dataclass(frozen=True)
 class History:
-    """The points a step is judged on: the current point is the last one."""
+    """The points a step is judged on: the current point is the last one. Every window is counted in
+    steps (not points), so a run that logs every 10 steps is judged on the same time scales as one that
+    logs every step; `span` stretches a window back to a minimum number of logged points when the metric
+    is logged more sparsely than the window is long."""
 
     steps: FloatArray
     """Step numbers relative to the current step (<= 0), as floats for the regressions."""
     values: Mapping[str, FloatArray]
     present: Mapping[str, BoolArray]
     step: int
-    cache: dict[tuple[str, str, int, int], Any] = field(default_factory=dict, compare=False, repr=False)
-    """Fits computed for this point (several signals share them)."""
+    cache: dict[tuple[Any, ...], Any] = field(default_factory=dict, compare=False, repr=False)
+    """Fits and index sets computed for this point (several signals share them)."""
 
     def get(self, name: str) -> FloatArray | None:
         return self.values.get(name)
@@ -106,23 +122,64 @@ class History:
             return False, float("nan")
         return True, float(vals[-1])
 
+    def finite_index(self, name: str) -> IntArray:
+        """Indices of the points where `name` has a finite value (memoised)."""
+        key = ("finite", name)
+        idx: IntArray | None = self.cache.get(key)
+        if idx is None:
+            v = self.values.get(name)
+            idx = np.empty(0, dtype=np.int64) if v is None else np.flatnonzero(np.isfinite(v))
+            self.cache[key] = idx
+        return idx
+
+    def span(self, name: str, steps: int, end: int | None = None, min_points: int = 0) -> tuple[int, int]:
+        """Index range [lo, hi) of the window of `steps` steps that ends at index `end` (exclusive; default:
+        after the current point), i.e. the points with step in (step[end] - steps, step[end]]; when it holds
+        fewer than `min_points` finite values of `name`, it reaches back to the last `min_points` of them
+        (within the history)."""
+        n = self.steps.size
+        hi = n if end is None else end
+        if hi <= 0:
+            return 0, 0
+        last = self.steps[hi - 1]
+        lo = int(np.searchsorted(self.steps, last - steps, side="right"))
+        if min_points > 0:
+            fin = self.finite_index(name)
+            k = int(np.searchsorted(fin, hi))
+            have = k - int(np.searchsorted(fin, lo))
+            if have < min_points and k > 0:
+                lo = min(lo, int(fin[max(0, k - min_points)]))
+        return lo, hi
+
+    def before(self, name: str, lo: int, steps: int, min_points: int = 0) -> tuple[int, int]:
+        """The window of `steps` steps just before index `lo` (same stretching as `span`)."""
+        if lo <= 0:
+            return 0, 0
+        n_lo = int(np.searchsorted(self.steps, self.steps[lo] - steps, side="left"))
+        hi = lo
+        if min_points > 0:
+            fin = self.finite_index(name)
+            k = int(np.searchsorted(fin, hi))
+            have = k - int(np.searchsorted(fin, n_lo))
+            if have < min_points and k > 0:
+                n_lo = min(n_lo, int(fin[max(0, k - min_points)]))
+        return n_lo, hi
+
+    def recent(self, name: str, steps: int, min_points: int = 0) -> FloatArray:
+        """Finite values of `name` in the last `steps` steps (stretched to `min_points` values)."""
+        v = self.values.get(name)
+        if v is None:
+            return np.empty(0)
+        lo, hi = self.span(name, steps, min_points=min_points)
+        return stats.finite(v[lo:hi])
+
     def __len__(self) -> int:
         return int(self.steps.size)
 
 
-def recent_median(h: History, name: str, n: int) -> float:
-    v = h.get(name)
-    return float("nan") if v is None else stats.median(v[-n:])
-
-
-def hooks_available(h: History, cfg: DetectorConfig) -> bool:
-    """Enough likelihood metrics in the trend window to judge phases I-II."""
-    need = max(5, cfg.trend_window // 2)
-    for name in (M.LOGP_POS, M.FRAC_TRAJ_DECREASED_POS):
-        v = h.get(name)
-        if v is not None and int(np.isfinite(v[-cfg.trend_window :]).sum()) >= need:
-            return True
-    return False
+def recent_median(h: History, name: str, steps: int, min_points: int = 1) -> float:
+    """Median of the finite values of `name` over the last `steps` steps (at least `min_points` values)."""
+    return stats.median(h.recent(name, steps, min_points))
 
 
 # --- surges vs the run's own baseline ---------------------------------------------------------------------
@@ -137,15 +194,15 @@ def surge(
     idle_ratio: float | None = None,
     eps: float = 0.0,
 ) -> Indicator:
-    """Median of the last `surge_recent` points vs the median of the `baseline_window` before them, on a
-    log scale, with a robust z from the baseline MAD. `idle_ratio` drops idle points (grad norm ~0)."""
+    """Median of the last `surge_recent` steps vs the median of the `baseline_window` steps before them,
+    on a log scale, with a robust z from the baseline MAD. `idle_ratio` drops idle points (grad norm ~0)."""
     v = h.get(metric)
     if v is None:
         return off(name, metric, "metric not logged")
-    n = v.size
-    recent_n = cfg.surge_recent
-    rec = stats.finite(v[max(0, n - recent_n) :])
-    ref = stats.finite(v[max(0, n - recent_n - cfg.baseline_window) : max(0, n - recent_n)])
+    lo, hi = h.span(metric, cfg.surge_recent, min_points=cfg.min_recent_points)
+    b_lo, b_hi = h.before(metric, lo, cfg.baseline_window, min_points=cfg.min_baseline_points)
+    rec = stats.finite(v[lo:hi])
+    ref = stats.finite(v[b_lo:b_hi])
     if eps:
         rec = np.maximum(rec, 0.0) + eps
         ref = np.maximum(ref, 0.0) + eps
@@ -157,7 +214,7 @@ def surge(
     else:
         ref = ref[ref > 0]
         rec = rec[rec > 0]
-    if ref.size < cfg.min_baseline_points or rec.size < recent_n // 2 + 1:
+    if ref.size < cfg.min_baseline_points or rec.size < cfg.min_recent_points:
         return off(name, metric)
     log_ref = np.log(ref)
     log_rec = np.log(rec)
@@ -168,20 +225,24 @@ def surge(
     z = shift / spread if spread > 0 else (math.inf if shift > 0 else 0.0)
     fired = shift >= math.log(ratio) and z >= cfg.surge_z
     detail: dict[str, Any] = {
-        "recent_median": num(math.exp(now) - eps),
-        "baseline_median": num(math.exp(base) - eps),
-        "ratio": num(math.exp(shift)),
-        "ratio_threshold": ratio,
+        "statistic_is": "ratio of the recent median to the baseline median",
+        "recent": num(math.exp(now) - eps),
+        "baseline": num(math.exp(base) - eps),
         "robust_z": num(z),
         "z_threshold": cfg.surge_z,
         "baseline_points": int(ref.size),
     }
     if idle_ratio is not None:
         detail["idle_below"] = num(idle_below)
-    return Indicator(name, fired, metric, num(math.exp(shift)), ratio, recent_n, detail)
+    return Indicator(name, fired, metric, num(math.exp(shift)), ratio, cfg.surge_recent, detail)
 
 
 # --- reward -----------------------------------------------------------------------------------------------
+
+
+def reward_smoothed(h: History, cfg: DetectorConfig) -> float:
+    """Median of the reward over the last `reward_smooth` steps, at least `reward_smooth_points` values."""
+    return recent_median(h, M.REWARD_MEAN, cfg.reward_smooth, cfg.reward_smooth_points)
 
 
 def reward_reference(h: History, cfg: DetectorConfig) -> tuple[float, float]:
@@ -190,13 +251,12 @@ def reward_reference(h: History, cfg: DetectorConfig) -> tuple[float, float]:
     v = h.get(M.REWARD_MEAN)
     if v is None:
         return float("nan"), float("nan")
-    n = v.size
-    start = max(0, n - cfg.reward_smooth - cfg.baseline_window)
-    end = max(0, n - cfg.reward_smooth)
-    fit = trend(h, M.REWARD_MEAN, cfg.baseline_window, offset=cfg.reward_smooth)
+    lo, _ = h.span(M.REWARD_MEAN, cfg.reward_smooth, min_points=cfg.reward_smooth_points)
+    b_lo, b_hi = h.before(M.REWARD_MEAN, lo, cfg.baseline_window, min_points=cfg.min_baseline_points)
+    fit = _fit(h, M.REWARD_MEAN, b_lo, b_hi)
     if fit.n < cfg.min_baseline_points:
         return float("nan"), float("nan")
-    return stats.median(v[start:end]), fit.resid_sd
+    return stats.median(v[b_lo:b_hi]), fit.resid_sd
 
 
 def reward_crash(
@@ -210,9 +270,15 @@ def reward_crash(
         return off(name, M.REWARD_MEAN)
     floor = cfg.reward_floor
     level = floor + cfg.reward_crash_frac * (peak - floor)
+    base_detail = {
+        "statistic_is": "median reward of recent steps",
+        "recent": num(smoothed),
+        "running_peak": num(peak),
+    }
     if not (peak - floor > 0 and smoothed < level):  # the costly noise estimate only when it matters
-        detail0 = {"smoothed": num(smoothed), "running_peak": num(peak)}
-        return Indicator(name, False, M.REWARD_MEAN, num(smoothed), num(level), cfg.reward_smooth, detail0)
+        return Indicator(
+            name, False, M.REWARD_MEAN, num(smoothed), num(level), cfg.reward_smooth, base_detail
+        )
     ref, noise = reward_reference(h, cfg)
     if not (math.isfinite(noise) and math.isfinite(ref)):
         return off(name, M.REWARD_MEAN)
@@ -221,9 +287,8 @@ def reward_crash(
     z_needed = cfg.reward_corroborated_z if corroborated else cfg.reward_crash_z
     fired = peak - floor > 0 and smoothed < level and drop_z >= z_needed
     detail = {
-        "smoothed": num(smoothed),
-        "running_peak": num(peak),
-        "reference_level": num(ref),
+        **base_detail,
+        "baseline": num(ref),
         "drop_in_noise_sd": num(drop_z),
         "drop_z_threshold": z_needed,
         "noise_sd": num(noise),
@@ -232,40 +297,55 @@ def reward_crash(
     return Indicator(name, fired, M.REWARD_MEAN, num(smoothed), num(level), cfg.reward_smooth, detail)
 
 
-def trend(h: History, metric: str, window: int, offset: int = 0) -> stats.TrendFit:
-    """Theil-Sen fit over `window` points ending `offset` points before the current one (memoised)."""
-    key = ("trend", metric, window, offset)
+def _fit(h: History, metric: str, lo: int, hi: int, autocorr: bool = False) -> stats.TrendFit:
+    """Theil-Sen fit of `metric` over the points [lo, hi) (memoised); `autocorr` also computes the
+    Mann-Kendall z corrected for autocorrelated noise (`trend_z`)."""
+    key = ("fit", metric, lo, hi, autocorr)
     fit: stats.TrendFit | None = h.cache.get(key)
     if fit is None:
-        fit = h.cache[key] = _trend(h, metric, window, offset)
+        v = h.get(metric)
+        enough = v is not None and hi - lo >= 5
+        fit = (
+            stats.theil_sen(h.steps[lo:hi], v[lo:hi], autocorr) if enough and v is not None else stats.NO_FIT
+        )
+        h.cache[key] = fit
     return fit
 
 
-def _trend(h: History, metric: str, window: int, offset: int) -> stats.TrendFit:
-    v = h.get(metric)
-    if v is None:
-        return stats.NO_FIT
-    n = v.size
-    end = n - offset
-    start = max(0, end - window)
-    if end - start < 5:
-        return stats.NO_FIT
-    return stats.theil_sen(h.steps[start:end], v[start:end])
+def trend(
+    h: History, metric: str, window: int, min_points: int = 0, autocorr: bool = True
+) -> tuple[stats.TrendFit, int]:
+    """Theil-Sen fit over the last `window` steps (stretched to `min_points` values), and the index where
+    that window starts (a reference window is taken before it)."""
+    lo, hi = h.span(metric, window, min_points=min_points)
+    return _fit(h, metric, lo, hi, autocorr), lo
+
+
+def trend_z(fit: stats.TrendFit) -> float:
+    """The trend's Mann-Kendall z, corrected for autocorrelated noise where it was computed (training
+    metrics are autocorrelated: plain Mann-Kendall on AR(1) phi = 0.8 noise passes |z| >= 3 in ~22 % of
+    trend-free windows, the corrected one in ~5 %; `benchmarks/trend_autocorr.py`)."""
+    z = fit.mk_z_corrected
+    return z if math.isfinite(z) else fit.mk_z
 
 
 def reward_rising(h: History, cfg: DetectorConfig, window: int, name: str = "reward_rising") -> Indicator:
-    """Reward Theil-Sen slope significantly positive over `window` points."""
-    fit = trend(h, M.REWARD_MEAN, window)
-    if fit.n < window // 2:
+    """Reward Mann-Kendall trend significantly positive over `window` steps."""
+    fit, _ = trend(h, M.REWARD_MEAN, window, cfg.min_trend_points)
+    if fit.n < cfg.min_trend_points:
         return off(name, M.REWARD_MEAN)
+    z = trend_z(fit)
     return Indicator(
         name,
-        fit.mk_z >= cfg.reward_rise_z,
+        z >= cfg.reward_rise_z,
         M.REWARD_MEAN,
-        num(fit.mk_z),
+        num(z),
         cfg.reward_rise_z,
         window,
-        {"slope_per_step": num(fit.slope), "statistic_is": "Mann-Kendall Z (slope: Theil-Sen)"},
+        {
+            "slope_per_step": num(fit.slope),
+            "statistic_is": "Mann-Kendall z of the reward's trend (autocorrelation-corrected)",
+        },
     )
 
 
@@ -277,8 +357,8 @@ def reward_zero(h: History, cfg: DetectorConfig, peak: float | None) -> Indicato
     floor = cfg.reward_floor
     if peak - floor < cfg.reward_zero_min_peak:
         return off(name, M.REWARD_MEAN, "the reward never rose above its floor")
-    recent = stats.finite(v[-cfg.reward_zero_window :])
-    if recent.size < cfg.reward_zero_window // 2 + 1:
+    recent = h.recent(M.REWARD_MEAN, cfg.reward_zero_window, cfg.reward_zero_points)
+    if recent.size < cfg.reward_zero_points:
         return off(name, M.REWARD_MEAN)
     level = floor + cfg.reward_zero_level * (peak - floor)
     share = float(np.count_nonzero(recent <= level)) / recent.size
@@ -292,7 +372,8 @@ def reward_zero(h: History, cfg: DetectorConfig, peak: float | None) -> Indicato
         {
             "zero_level": num(level),
             "running_peak": num(peak),
-            "statistic_is": "share of points <= zero_level",
+            "recent": num(stats.fast_median(recent)),
+            "statistic_is": "share of recent reward values at ~0",
         },
     )
 
@@ -300,112 +381,141 @@ def reward_zero(h: History, cfg: DetectorConfig, peak: float | None) -> Indicato
 # --- likelihood (hook metrics) ----------------------------------------------------------------------------
 
 
-def _reference(h: History, metric: str, cfg: DetectorConfig) -> tuple[float, float, int]:
-    """(median, noise SD around its trend, points) of the reference window before the trend window."""
+def _reference(h: History, metric: str, lo: int, cfg: DetectorConfig) -> tuple[float, float, int]:
+    """(median, noise SD around its trend, points) of the reference window before index `lo`."""
     v = h.get(metric)
     if v is None:
         return float("nan"), float("nan"), 0
-    fit = trend(h, metric, cfg.reference_window, offset=cfg.trend_window)
-    n = v.size
-    end = max(0, n - cfg.trend_window)
-    return stats.median(v[max(0, end - cfg.reference_window) : end]), fit.resid_sd, fit.n
+    r_lo, r_hi = h.before(metric, lo, cfg.reference_window, min_points=cfg.min_trend_points)
+    fit = _fit(h, metric, r_lo, r_hi)
+    return stats.median(v[r_lo:r_hi]), fit.resid_sd, fit.n
+
+
+def _decline(
+    h: History, cfg: DetectorConfig, name: str, metric: str, direction: int, meaning: str
+) -> tuple[Indicator, stats.TrendFit]:
+    """A significant Mann-Kendall trend in `direction` over the trend window AND a one-sided CUSUM (vs the
+    reference window's level and noise) past its decision interval."""
+    fit, lo = trend(h, metric, cfg.trend_window, cfg.min_trend_points)
+    v = h.get(metric)
+    if v is None or fit.n < cfg.min_trend_points:
+        return off(name, metric), fit
+    z = trend_z(fit)
+    detail: dict[str, Any] = {
+        "statistic_is": "Mann-Kendall z of the trend (autocorrelation-corrected)",
+        "meaning": meaning,
+        "slope_per_step": num(fit.slope),
+        "recent": num(stats.median(v[-cfg.min_recent_points :])),
+    }
+    fired = False
+    if direction * z >= cfg.decay_z:  # the CUSUM (and its reference fit) only when the trend is there
+        target, scale, n_ref = _reference(h, metric, lo, cfg)
+        if n_ref < cfg.min_trend_points or not math.isfinite(scale):
+            return off(name, metric, "reference window too short"), fit
+        scale = max(scale, fit.resid_sd if math.isfinite(fit.resid_sd) else 0.0, 1e-9)
+        s = stats.cusum_last(v[lo:], target, scale, cfg.cusum_k, direction=direction)
+        fired = s >= cfg.cusum_h
+        detail.update(cusum=num(s), cusum_h=cfg.cusum_h, baseline=num(target), noise_sd=num(scale))
+    threshold = direction * cfg.decay_z
+    return Indicator(name, fired, metric, num(z), threshold, cfg.trend_window, detail), fit
 
 
 def likelihood_decline(h: History, cfg: DetectorConfig) -> tuple[Indicator, stats.TrendFit]:
-    """Phase II on `lld/logp_pos`: significant negative Theil-Sen slope over the trend window AND a lower
-    CUSUM (vs the reference window's level and noise) past its decision interval."""
-    name = "logp_pos_decline"
-    metric = M.LOGP_POS
-    fit = trend(h, metric, cfg.trend_window)
+    """`lld/logp_pos` declining. Supporting evidence only: the A > 0 population changes from batch to batch
+    (easy groups leave it), so this alone can be population shift, not LLD."""
+    return _decline(h, cfg, "logp_pos_decline", M.LOGP_POS, -1, "log-likelihood of A>0 responses declining")
+
+
+def correct_decline(h: History, cfg: DetectorConfig) -> Indicator:
+    """`lld/logp_correct` (responses with reward >= the success threshold) declining: likelihood evidence
+    that is not an artefact of the advantage sign."""
+    ind, _ = _decline(
+        h, cfg, "logp_correct_decline", M.LOGP_CORRECT, -1, "log-likelihood of correct responses declining"
+    )
+    return ind
+
+
+def anchor_decline(h: History, cfg: DetectorConfig, peak: float | None) -> Indicator:
+    """The fixed anchor set's mean per-token log-prob (`lld/anchor/logp`, the same correct responses
+    re-scored every few steps, so no population can shift) fell `anchor_drop` nats below its running
+    peak, with a significant Mann-Kendall trend over `anchor_window` steps: lazy likelihood displacement
+    measured as the paper measures it (lld-reference.md section 2, Fig. 2)."""
+    name = "anchor_decline"
+    metric = M.ANCHOR_LOGP
     v = h.get(metric)
-    if v is None or fit.n < cfg.trend_window // 2:
-        return off(name, metric), fit
-    target, scale, n_ref = _reference(h, metric, cfg)
-    if n_ref < 10 or not math.isfinite(scale):
-        return off(name, metric, "reference window too short"), fit
-    scale = max(scale, fit.resid_sd if math.isfinite(fit.resid_sd) else 0.0, 1e-9)
-    s = stats.cusum_last(v[-cfg.trend_window :], target, scale, cfg.cusum_k, direction=-1)
-    fired = fit.mk_z <= -cfg.decay_z and s >= cfg.cusum_h
+    if v is None or peak is None:
+        return off(name, metric, "metric not logged")
+    # plain Mann-Kendall: 8-12 anchor values are too few to estimate autocorrelations; the drop of
+    # `anchor_drop` nats is the guard
+    fit, _ = trend(h, metric, cfg.anchor_window, cfg.anchor_min_points, autocorr=False)
+    if fit.n < cfg.anchor_min_points:
+        return off(name, metric)
+    now = recent_median(h, metric, 1, cfg.anchor_smooth_points)
+    drop = peak - now
+    fired = fit.mk_z <= -cfg.decay_z and drop >= cfg.anchor_drop
     detail = {
+        "statistic_is": "drop of the anchor set's log-prob below its peak (nats per token)",
+        "meaning": "likelihood of known-correct anchor responses falling",
+        "recent": num(now),
+        "baseline": num(peak),
+        "trend_z": num(fit.mk_z),
+        "trend_z_threshold": -cfg.decay_z,
         "slope_per_step": num(fit.slope),
-        "slope_z": num(fit.mk_z),
-        "slope_z_threshold": -cfg.decay_z,
-        "cusum_lower": num(s),
-        "cusum_h": cfg.cusum_h,
-        "reference_level": num(target),
-        "noise_sd": num(scale),
-        "statistic_is": "Mann-Kendall Z (slope: Theil-Sen)",
     }
-    return Indicator(name, fired, metric, num(fit.mk_z), -cfg.decay_z, cfg.trend_window, detail), fit
+    return Indicator(name, fired, metric, num(drop), cfg.anchor_drop, cfg.anchor_window, detail)
 
 
 def likelihood_flat(fit: stats.TrendFit, cfg: DetectorConfig) -> Indicator:
-    if fit.n < cfg.trend_window // 2:
+    if fit.n < cfg.min_trend_points:
         return off("logp_pos_flat", M.LOGP_POS)
+    z = abs(trend_z(fit))
     return Indicator(
         "logp_pos_flat",
-        abs(fit.mk_z) < cfg.flat_z,
+        z < cfg.flat_z,
         M.LOGP_POS,
-        num(fit.mk_z),
+        num(z),
         cfg.flat_z,
         cfg.trend_window,
-        {"slope_per_step": num(fit.slope), "statistic_is": "|Mann-Kendall Z|"},
+        {"slope_per_step": num(fit.slope), "statistic_is": "|Mann-Kendall z| of the trend"},
     )
 
 
-def likelihood_acceleration(h: History, cfg: DetectorConfig) -> Indicator:
-    """Phase III on `lld/logp_pos`: the slope over the last `accel_window` points is significantly
+def likelihood_acceleration(h: History, cfg: DetectorConfig, metric: str = M.LOGP_POS) -> Indicator:
+    """Phase III on a likelihood series: the slope over the last `accel_window` steps is significantly
     negative (noise SD from the reference window) and `accel_ratio` times steeper than the trend before."""
-    name = "logp_pos_sharp_drop"
-    metric = M.LOGP_POS
-    short = trend(h, metric, cfg.accel_window)
-    prev = trend(h, metric, cfg.trend_window, offset=cfg.accel_window)
-    if short.n < cfg.accel_window // 2 + 1 or prev.n < cfg.trend_window // 2:
+    name = "logp_pos_sharp_drop" if metric == M.LOGP_POS else "anchor_sharp_drop"
+    lo, hi = h.span(metric, cfg.accel_window, min_points=cfg.min_recent_points + 1)
+    short = _fit(h, metric, lo, hi)
+    p_lo, p_hi = h.before(metric, lo, cfg.trend_window, min_points=cfg.min_trend_points)
+    prev = _fit(h, metric, p_lo, p_hi)
+    if short.n < cfg.min_recent_points + 1 or prev.n < cfg.min_trend_points:
         return off(name, metric)
-    _, ref_noise, n_ref = _reference(h, metric, cfg)
-    noise = ref_noise if n_ref >= 10 and math.isfinite(ref_noise) else prev.resid_sd
+    _, ref_noise, n_ref = _reference(h, metric, p_lo, cfg)
+    noise = ref_noise if n_ref >= cfg.min_trend_points and math.isfinite(ref_noise) else prev.resid_sd
     noise = max(noise, 1e-9) if math.isfinite(noise) else 1e-9
     v = h.get(metric)
     assert v is not None
-    x_short = h.steps[-cfg.accel_window :][np.isfinite(v[-cfg.accel_window :])]
+    x_short = h.steps[lo:hi][np.isfinite(v[lo:hi])]
     se = stats.slope_se(x_short, noise)
     z = short.slope / se if se > 0 else 0.0
     limit = cfg.accel_ratio * min(prev.slope, 0.0)
     fired = z <= -cfg.accel_z and short.slope <= limit
     detail = {
+        "statistic_is": "z of the recent slope",
+        "meaning": "likelihood dropping sharply",
         "slope_per_step": num(short.slope),
         "previous_slope_per_step": num(prev.slope),
         "slope_limit": num(limit),
-        "accel_ratio": cfg.accel_ratio,
-        "slope_z": num(z),
-        "slope_z_threshold": -cfg.accel_z,
         "noise_sd": num(noise),
     }
     return Indicator(name, fired, metric, num(z), -cfg.accel_z, cfg.accel_window, detail)
 
 
-def frac_rising(h: History, cfg: DetectorConfig) -> Indicator:
-    """`lld/frac_traj_decreased_pos` rising: Theil-Sen z and an upper CUSUM vs the reference window."""
-    name = "frac_decreased_rising"
-    metric = M.FRAC_TRAJ_DECREASED_POS
-    fit = trend(h, metric, cfg.trend_window)
-    v = h.get(metric)
-    if v is None or fit.n < cfg.trend_window // 2:
-        return off(name, metric)
-    target, scale, n_ref = _reference(h, metric, cfg)
-    if n_ref < 10 or not math.isfinite(scale):
-        return off(name, metric, "reference window too short")
-    scale = max(scale, fit.resid_sd if math.isfinite(fit.resid_sd) else 0.0, 1e-9)
-    s = stats.cusum_last(v[-cfg.trend_window :], target, scale, cfg.cusum_k, direction=1)
-    fired = fit.mk_z >= cfg.decay_z and s >= cfg.cusum_h
-    detail = {
-        "slope_per_step": num(fit.slope),
-        "slope_z": num(fit.mk_z),
-        "cusum_upper": num(s),
-        "cusum_h": cfg.cusum_h,
-        "reference_level": num(target),
-    }
-    return Indicator(name, fired, metric, num(fit.mk_z), cfg.decay_z, cfg.trend_window, detail)
+def frac_rising(h: History, cfg: DetectorConfig, metric: str = M.FRAC_TRAJ_DECREASED_POS) -> Indicator:
+    """The share of responses whose likelihood fell over the update is rising (Mann-Kendall + upper CUSUM)."""
+    name = "frac_decreased_rising" if metric == M.FRAC_TRAJ_DECREASED_POS else "frac_correct_decreased_rising"
+    ind, _ = _decline(h, cfg, name, metric, 1, "share of responses losing likelihood rising")
+    return ind
 
 
 def frac_majority(h: History, cfg: DetectorConfig) -> Indicator:
@@ -414,23 +524,30 @@ def frac_majority(h: History, cfg: DetectorConfig) -> Indicator:
     v = h.get(metric)
     if v is None:
         return off(name, metric, "metric not logged")
-    recent = stats.finite(v[-cfg.surge_recent :])
-    if recent.size < cfg.surge_recent // 2 + 1:
+    recent = h.recent(metric, cfg.surge_recent, cfg.min_recent_points)
+    if recent.size < cfg.min_recent_points:
         return off(name, metric)
     med = stats.fast_median(recent)
-    return Indicator(name, med > cfg.frac_majority, metric, num(med), cfg.frac_majority, cfg.surge_recent)
+    return Indicator(
+        name,
+        med > cfg.frac_majority,
+        metric,
+        num(med),
+        cfg.frac_majority,
+        cfg.surge_recent,
+        {"statistic_is": "median share of A>0 responses whose likelihood fell"},
+    )
 
 
-def delta_negative(h: History, cfg: DetectorConfig) -> Indicator:
-    """`lld/delta_traj_pos` < 0 on most of the trend window (a sign test: the likelihood of correct
-    responses falls over the update)."""
-    name = "delta_traj_pos_negative"
-    metric = M.DELTA_TRAJ_POS
+def delta_negative(h: History, cfg: DetectorConfig, metric: str = M.DELTA_TRAJ_POS) -> Indicator:
+    """The exact per-update delta D_traj (Def. 4.1) < 0 on most of the trend window (a sign test: the
+    likelihood of the responses falls over the update)."""
+    name = "delta_traj_pos_negative" if metric == M.DELTA_TRAJ_POS else "delta_traj_correct_negative"
     v = h.get(metric)
     if v is None:
         return off(name, metric, "metric not logged")
-    recent = stats.finite(v[-cfg.trend_window :])
-    if recent.size < cfg.trend_window // 2:
+    recent = h.recent(metric, cfg.trend_window, cfg.min_trend_points)
+    if recent.size < cfg.min_trend_points:
         return off(name, metric)
     share = float(np.count_nonzero(recent < 0)) / recent.size
     med = stats.fast_median(recent)
@@ -442,11 +559,14 @@ def delta_negative(h: History, cfg: DetectorConfig) -> Indicator:
         num(share),
         cfg.delta_negative_share,
         cfg.trend_window,
-        {"median": num(med), "statistic_is": "share of points < 0"},
+        {"recent": num(med), "statistic_is": "share of updates with D_traj < 0"},
     )
 
 
 # --- all signals of one point ---------------------------------------------------------------------------
+
+LIKELIHOOD_EVIDENCE: Final = ("anchor_decline", "logp_correct_decline", "delta_traj_correct_negative")
+"""Signals that show LLD and cannot be population shift (phase II needs one of them)."""
 
 
 @dataclass(frozen=True)
@@ -464,9 +584,11 @@ class Signals:
         return {n: self.indicators[n].evidence() for n in names if n in self.indicators}
 
 
-def compute(h: History, cfg: DetectorConfig, reward_peak: float | None) -> Signals:
-    """Every phase signal at the current (last) point of `h`. `reward_peak` already includes this point."""
-    hooks = hooks_available(h, cfg)
+def compute(
+    h: History, cfg: DetectorConfig, reward_peak: float | None, hooks: bool, anchor_peak: float | None = None
+) -> Signals:
+    """Every phase signal at the current (last) point of `h`. `reward_peak` already includes this point;
+    `hooks`: the run's source has sent likelihood metrics at some point of its life."""
     ind: dict[str, Indicator] = {}
     ind["grad_surge"] = surge(
         h, "grad_surge", M.GRAD_NORM, cfg, cfg.grad_surge_ratio, idle_ratio=cfg.grad_idle_ratio
@@ -475,16 +597,34 @@ def compute(h: History, cfg: DetectorConfig, reward_peak: float | None) -> Signa
         h, "entropy_surge", M.ENTROPY_MEAN, cfg, cfg.entropy_surge_ratio, eps=cfg.entropy_eps
     )
     corroborated = ind["grad_surge"].fired or ind["entropy_surge"].fired
-    r_smooth = recent_median(h, M.REWARD_MEAN, cfg.reward_smooth)
+    r_smooth = reward_smoothed(h, cfg)
     ind["reward_crash"] = reward_crash(h, cfg, r_smooth, reward_peak, corroborated)
     ind["reward_rising"] = reward_rising(h, cfg, cfg.trend_window)
     if hooks:
         decline, fit = likelihood_decline(h, cfg)
         ind["logp_pos_decline"] = decline
         ind["logp_pos_flat"] = likelihood_flat(fit, cfg)
-        ind["logp_pos_sharp_drop"] = likelihood_acceleration(h, cfg)
-        ind["frac_decreased_rising"] = frac_rising(h, cfg)
         ind["frac_decreased_majority"] = frac_majority(h, cfg)
         ind["delta_traj_pos_negative"] = delta_negative(h, cfg)
-    e_smooth = recent_median(h, M.ENTROPY_MEAN, cfg.entropy_collapse_window)
+        ind["anchor_decline"] = anchor_decline(h, cfg, anchor_peak)
+        ind["logp_correct_decline"] = correct_decline(h, cfg)
+        ind["delta_traj_correct_negative"] = delta_negative(h, cfg, M.DELTA_TRAJ_CORRECT)
+        declining = ind["anchor_decline"].fired or ind["logp_correct_decline"].fired
+        lazy = "not evaluated: needs a likelihood decline first"
+        # a sharp drop only counts with a decline of the anchor / correct responses (phases.candidate), and
+        # a rising decreased share only as support of evidence or with negative exact deltas: skip the fits
+        # otherwise (the detector's budget is < 5 ms per point)
+        for key, metric in (("logp_pos_sharp_drop", M.LOGP_POS), ("anchor_sharp_drop", M.ANCHOR_LOGP)):
+            ind[key] = likelihood_acceleration(h, cfg, metric) if declining else off(key, metric, lazy)
+        support = (
+            declining or ind["delta_traj_pos_negative"].fired or ind["delta_traj_correct_negative"].fired
+        )
+        ind["frac_decreased_rising"] = (
+            frac_rising(h, cfg)
+            if support
+            else off(
+                "frac_decreased_rising", M.FRAC_TRAJ_DECREASED_POS, "not evaluated: no likelihood evidence"
+            )
+        )
+    e_smooth = recent_median(h, M.ENTROPY_MEAN, cfg.entropy_collapse_window, cfg.min_recent_points)
     return Signals(hooks=hooks, indicators=ind, reward_smooth=r_smooth, entropy_smooth=e_smooth)

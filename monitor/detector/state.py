@@ -26,6 +26,17 @@ class DetectorState:
     reward_peak_step: int | None = None
     entropy_peak: float | None = None
     """Running peak of the smoothed entropy (entropy-collapse diagnosis)."""
+    anchor_peak: float | None = None
+    """Running peak of the anchor set's smoothed log-prob (phase II on the anchor set)."""
+    first_step: int | None = None
+    """The run's first logged step (the warm-up counts steps from it)."""
+    hooks_seen: bool = False
+    """The run's source has sent a likelihood metric at some point: phases I-II are judged from then on,
+    whatever the density of those metrics (degraded mode is decided by the source, not by a count)."""
+    collapse_kind: str | None = None
+    """While in phase III: `lld_collapse` (with likelihood evidence) or `training_collapse` (without)."""
+    collapse_reasons: list[str] = field(default_factory=list)
+    """The signals and findings that moved the run into phase III."""
     counters: dict[str, int] = field(default_factory=dict)
     """Hysteresis / latch counters of the findings, by name."""
     active: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -51,7 +62,10 @@ class DetectorState:
     def copy(self) -> DetectorState:
         """An independent copy. Evidence dicts are never mutated once stored, so they are shared."""
         return dataclasses.replace(
-            self, counters=dict(self.counters), active={k: dict(v) for k, v in self.active.items()}
+            self,
+            counters=dict(self.counters),
+            active={k: dict(v) for k, v in self.active.items()},
+            collapse_reasons=list(self.collapse_reasons),
         )
 
 

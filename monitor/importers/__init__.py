@@ -1,16 +1,19 @@
 """Importers of trainer logs into canonical metric columns (`lldmon import`).
 
 One module per format (verl console and `file` JSONL, TRL stdout and trainer_state.json, W&B CSV,
-TensorBoard), all returning a `ParsedLog`: aligned columns, where each value was logged (so a logged NaN
-grad norm is told apart from a missing one), and the malformed lines met (file, line, reason).
+generic CSV with a step column, ms-swift `logging.jsonl`, TensorBoard), all returning a `ParsedLog`:
+aligned columns, where each value was logged (so a logged NaN grad norm is told apart from a missing one),
+and the malformed lines met (file, line, reason).
 `load_log(paths, fmt)` picks the format (`detect.py` for `auto`); `read_*` return `(steps, values)`.
 """
 
+from monitor.importers.csv_table import load_csv
 from monitor.importers.detect import AUTO, FORMATS, detect_format, resolve_format
 from monitor.importers.names import TRL_NAMES, VERL_NAMES
 from monitor.importers.parsed import ParsedLog, merge_records, to_columns
 from monitor.importers.reading import Diagnostic, Diagnostics, LogImportError, MalformedLog, ProgressCallback
 from monitor.importers.registry import input_files, load_log
+from monitor.importers.swift_jsonl import load_swift_jsonl
 from monitor.importers.tensorboard_events import load_tensorboard
 from monitor.importers.trl_state import load_trl_state
 from monitor.importers.trl_stdout import load_trl_stdout, parse_trl_stdout, read_trl_stdout
@@ -31,7 +34,9 @@ __all__ = [
     "ProgressCallback",
     "detect_format",
     "input_files",
+    "load_csv",
     "load_log",
+    "load_swift_jsonl",
     "load_tensorboard",
     "load_trl_state",
     "load_trl_stdout",

@@ -2,13 +2,17 @@
 
 Order of evidence: a directory or a `*tfevents*` name is TensorBoard; `trainer_state.json`, or any JSON
 whose head has `"log_history"`, is trl-state; a `.jsonl` / `.ndjson` name or a first line that is a JSON
-object with a "step" is verl-jsonl; a `.csv` name or a first line naming `_step` is wandb-csv. Other text
-is read, up to `SNIFF_BYTES`, until the first verl metrics line (`step:N - key:value`) or the first TRL
-log dict (`{'loss': ..., 'epoch': ...}`).
+object is ms-swift when that object has ms-swift's step (`"global_step/max_steps": "12/500"`, Megatron's
+`"iteration"`, old ms-swift's `"global_step"`) and no "step", else verl-jsonl (a first line without a
+`.jsonl` name must then have a "step"); a `.csv` name or a first line that is a CSV header is wandb-csv when
+the header names `_step` (a W&B history export), else csv (for a header without `.csv` name: one naming a
+step column of `csv_table.STEP_COLUMNS`). Other text is read, up to `SNIFF_BYTES`, until the first verl
+metrics line (`step:N - key:value`) or the first TRL log dict (`{'loss': ..., 'epoch': ...}`).
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -16,7 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
+from monitor.importers.csv_table import step_column_of
 from monitor.importers.reading import LogImportError
+from monitor.importers.swift_jsonl import is_swift_object
 from monitor.importers.tensorboard_events import EVENT_FILE_MARKER, event_files
 
 VERL_JSONL: Final = "verl-jsonl"
@@ -24,8 +30,10 @@ VERL_CONSOLE: Final = "verl-console"
 TRL_LOG: Final = "trl-log"
 TRL_STATE: Final = "trl-state"
 WANDB_CSV: Final = "wandb-csv"
+CSV: Final = "csv"
+MS_SWIFT: Final = "ms-swift"
 TENSORBOARD: Final = "tensorboard"
-FORMATS: Final = (VERL_JSONL, VERL_CONSOLE, TRL_LOG, TRL_STATE, WANDB_CSV, TENSORBOARD)
+FORMATS: Final = (VERL_JSONL, VERL_CONSOLE, TRL_LOG, TRL_STATE, WANDB_CSV, CSV, MS_SWIFT, TENSORBOARD)
 AUTO: Final = "auto"
 
 SNIFF_BYTES: Final = 64 << 20
@@ -55,15 +63,21 @@ def detect_format(path: str | os.PathLike[str]) -> str:
         head = handle.read(HEAD_BYTES)
     if name == "trainer_state.json" or (name.endswith(".json") and b'"log_history"' in head):
         return TRL_STATE
-    if name.endswith((".jsonl", ".ndjson")):
-        return VERL_JSONL
-    if name.endswith(".csv"):
-        return WANDB_CSV
     first = next((ln for ln in head.decode("utf-8", "replace").split("\n") if ln.strip()), "").strip()
-    if first.startswith("{") and _is_step_object(first):
+    obj = _json_object(first) if first.startswith("{") else None
+    if name.endswith((".jsonl", ".ndjson")):
+        return MS_SWIFT if is_swift_object(obj) else VERL_JSONL
+    if is_swift_object(obj):
+        return MS_SWIFT
+    if isinstance(obj, dict) and "step" in obj:
         return VERL_JSONL
-    if "_step" in first.lstrip("\ufeff").split(","):
+    header = _csv_header(first)
+    if name.endswith(".csv"):
+        return WANDB_CSV if "_step" in header else CSV
+    if "_step" in header:
         return WANDB_CSV
+    if len(header) > 1 and step_column_of(header) is not None:
+        return CSV
     if b'"log_history"' in head:
         return TRL_STATE
     found = _sniff_text(p)
@@ -75,12 +89,21 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     return found
 
 
-def _is_step_object(line: str) -> bool:
+def _json_object(line: str) -> object:
+    """The JSON value of a line, or None if it is not JSON."""
     try:
-        obj = json.loads(line)
+        return json.loads(line)
     except (ValueError, RecursionError):
-        return False
-    return isinstance(obj, dict) and "step" in obj
+        return None
+
+
+def _csv_header(line: str) -> list[str]:
+    """The cells of a first line read as a CSV header (quotes and the BOM removed)."""
+    try:
+        cells = next(csv.reader([line.lstrip("\ufeff")]), [])
+    except csv.Error:
+        return []
+    return [cell.strip() for cell in cells]
 
 
 def _sniff_text(path: Path) -> str | None:

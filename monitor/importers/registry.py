@@ -7,8 +7,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
+from monitor.importers.csv_table import load_csv
 from monitor.importers.detect import (
     AUTO,
+    CSV,
+    MS_SWIFT,
     TENSORBOARD,
     TRL_LOG,
     TRL_STATE,
@@ -19,6 +22,7 @@ from monitor.importers.detect import (
 )
 from monitor.importers.parsed import ParsedLog
 from monitor.importers.reading import LogImportError, ProgressCallback
+from monitor.importers.swift_jsonl import load_swift_jsonl
 from monitor.importers.tensorboard_events import event_files, load_tensorboard
 from monitor.importers.trl_state import load_trl_state
 from monitor.importers.trl_stdout import load_trl_stdout
@@ -35,6 +39,8 @@ LOADERS: Final[dict[str, Loader]] = {
     TRL_LOG: load_trl_stdout,
     TRL_STATE: load_trl_state,
     WANDB_CSV: load_wandb_csv,
+    CSV: load_csv,
+    MS_SWIFT: load_swift_jsonl,
     TENSORBOARD: load_tensorboard,
 }
 

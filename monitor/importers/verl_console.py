@@ -3,8 +3,13 @@
 Lines may carry ANSI colour codes and Ray actor prefixes such as `\\x1b[36m(TaskRunner pid=7283)\\x1b[0m`;
 everything else in the file (config dumps, warnings, tracebacks) is skipped: it is not a metrics line.
 Inside a metrics line, a pair without `key:value` shape or a value that is not a number is reported as
-malformed (file, line). A step printed on several lines (verl prints validation scores on their own line)
-is merged; NaN / inf values are kept as data.
+malformed (file, line). Values printed as numpy scalars (`np.float64(0.4)`, `np.int32(3)`: verl >= 0.5
+under numpy 2) are read as their number. A step printed on several lines (verl prints validation scores on
+their own line) is merged; NaN / inf values are kept as data.
+
+W&B's console capture (`files/output.log`) cuts lines at `WANDB_LINE_LIMIT` characters: in a metrics line
+of exactly that length the last pair may be cut off, so it is dropped (reported once per line) and the
+keys that did not fit are missing at that step, not zero.
 """
 
 from __future__ import annotations
@@ -33,6 +38,16 @@ from monitor.importers.reading import (
 _ANSI: Final = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _RAY_PREFIX: Final = re.compile(r"^\s*\([^()]*pid=\d+[^()]*\)\s*")
 _STEP_LINE: Final = re.compile(r"^step:(\d+)\s+-\s+(.*)$")
+_NUMPY_SCALAR: Final = re.compile(r"^(?:np|numpy)\.(?:float|int|uint|bool_?)\d*\((.*)\)$")
+WANDB_LINE_LIMIT: Final = 4096
+"""W&B's console capture cuts longer lines to this many characters."""
+
+
+def parse_value(raw: str) -> float | None:
+    """A printed metric value as a float: a number, nan/inf, or a numpy scalar repr (`np.float64(0.4)`)."""
+    text = raw.strip()
+    match = _NUMPY_SCALAR.match(text)
+    return parse_number(match.group(1) if match else text)
 
 
 def _split_step_line(segment: str) -> tuple[int, list[str]] | None:
@@ -54,7 +69,7 @@ def parse_verl_line(line: str) -> tuple[int, dict[str, float]] | None:
     row: dict[str, float] = {}
     for pair in pairs:
         name, sep, raw = pair.rpartition(":")
-        value = parse_number(raw)
+        value = parse_value(raw)
         if sep and name and value is not None:
             row[name] = value
     return step, row
@@ -66,11 +81,21 @@ def parse_verl_lines(lines: Iterable[Line], path: str, diagnostics: Diagnostics)
     for line in lines:
         if "step:" not in line.text:
             continue
-        for segment in line.text.split("\r"):  # progress bars redraw with carriage returns
+        segments = line.text.split("\r")  # progress bars redraw with carriage returns
+        cut = len(line.text) == WANDB_LINE_LIMIT
+        for k, segment in enumerate(segments):
             parsed = _split_step_line(segment)
             if parsed is None:
                 continue
             step, pairs = parsed
+            if cut and k == len(segments) - 1 and pairs:
+                diagnostics.report(
+                    path,
+                    line.number,
+                    f"step {step}: line cut at {WANDB_LINE_LIMIT} characters (W&B console capture): "
+                    f"last pair {short(pairs[-1], 40)} dropped, later keys missing",
+                )
+                pairs = pairs[:-1]
             for pair in pairs:
                 name, sep, raw = pair.rpartition(":")
                 if not sep or not name:
@@ -78,7 +103,7 @@ def parse_verl_lines(lines: Iterable[Line], path: str, diagnostics: Diagnostics)
                         path, line.number, line.reason(f"step {step}: {short(pair)} is not key:value")
                     )
                     continue
-                value = parse_number(raw)
+                value = parse_value(raw)
                 if value is None:
                     diagnostics.report(
                         path, line.number, line.reason(f"step {step}: {name} is not a number: {short(raw)}")
@@ -122,6 +147,7 @@ def read_verl_console(
 
 __all__ = [
     "load_verl_console",
+    "parse_value",
     "parse_verl_console",
     "parse_verl_console_file",
     "parse_verl_line",

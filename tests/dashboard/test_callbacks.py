@@ -23,6 +23,7 @@ from dashboard.callbacks.run_panels import load_panels, refresh_panels
 from dashboard.callbacks.run_summary import run_summary
 from dashboard.callbacks.runs_list import runs_table
 from dashboard.data import run_context
+from dashboard.figures import legend_entries
 from dashboard.pages.run import timeline_rows
 from dashboard.panels import PANELS
 from monitor.api.state import AppState
@@ -100,7 +101,8 @@ def test_load_panels_draws_every_panel_with_bands_markers_and_empty_states(
     assert "alert" in figs["reward"].data[-1].customdata
     cursor = by_key(cursors)
     assert all(c["last_step"] == n - 1 and c["run_id"] == collapsed for c in cursors)
-    assert cursor["llds"]["present"] == [] and cursor["logp"]["present"] == [M.LOGP_POS, M.LOGP_NEG]
+    assert cursor["llds"]["present"] == []
+    assert cursor["logp"]["present"] == [M.LOGP_POS, M.LOGP_NEG, M.LOGP_CORRECT, M.ANCHOR_LOGP]
 
 
 def test_load_panels_downsamples_but_keeps_spikes(state: AppState, collapsed: int) -> None:
@@ -173,6 +175,12 @@ def test_summary_header_and_timeline(dctx: DashContext, state: AppState, collaps
     kinds = {r.kind for r in rows}
     assert kinds == {"phase", "alert"}
     assert any(r.kind == "alert" and r.title.startswith("lld_collapse") for r in rows)
+    # Evidence in words (statistic named, no internal keys); the raw JSON only behind its own toggle.
+    collapse = next(r for r in rows if r.kind == "alert" and r.title.startswith("lld_collapse"))
+    assert collapse.explanation and all("active_at" not in line for line in collapse.explanation)
+    assert any(" = " in line and "threshold" in line for line in collapse.explanation)
+    assert not any("degraded" in line for r in rows for line in r.explanation)  # hooks present
+    assert "raw evidence (JSON)" in str(timeline)
     # Nothing changed: the timeline is not re-sent (expanded evidence stays open); the header is.
     header2, _, timeline2, signature2 = run_summary(dctx, OPEN, collapsed, signature)
     assert timeline2 is no_update and signature2 is no_update and "grpo-3b" in str(header2)
@@ -276,6 +284,9 @@ def test_pages_by_url(client: TestClient, dctx: DashContext, state: AppState, co
     assert "runs-table" in str(render_page(dctx, OPEN, "", None))
     run_page = str(render_page(dctx, OPEN, f"run/{collapsed}", None))
     assert "panel-grad" in run_page and "llds-on" in run_page
+    # The legend: every phase colour and every marker kind (derived from the figures' constants).
+    for entry in legend_entries():
+        assert f"data-legend='{entry.group}:{entry.key}'" in run_page, entry
     assert "compare-runs" in str(render_page(dctx, OPEN, "compare", "?runs=1,2"))
     assert "404" in str(render_page(dctx, OPEN, "nowhere", None))
     assert "run 999 does not exist" in str(render_page(dctx, OPEN, "run/999", None))

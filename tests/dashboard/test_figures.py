@@ -25,7 +25,14 @@ from dashboard.figures import (
     phase_bands,
 )
 from dashboard.panels import PANEL_METRICS, PANELS_BY_KEY
-from dashboard.theme import PHASE_COLORS
+from dashboard.theme import (
+    BANDED_PHASES,
+    DIRECTIVE_COLORS,
+    MARKER_SYMBOLS,
+    PHASE_COLORS,
+    SEVERITY_COLORS,
+    SYMBOL_GLYPHS,
+)
 from monitor.domain import AlertInfo, DirectiveInfo, PhaseEventInfo, Series
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -75,7 +82,19 @@ EVENTS = [
         "collapse",
         "decay",
         note="phase III",
-        signals={"grad_surge": {"fired": True, "statistic": 7.3}},
+        signals={
+            "grad_surge": {
+                "fired": True,
+                "metric": "grad/norm",
+                "statistic": 7.3,
+                "threshold": 5.0,
+                "window": 5,
+                "statistic_is": "ratio of recent median to baseline median",
+                "recent_median": 5.84,
+                "baseline_median": 0.8,
+            }
+        },
+        degraded=False,
     ),
 ]
 
@@ -159,24 +178,71 @@ def test_markers_for_alerts_directives_and_phase_changes_carry_hover_evidence() 
     hover = dict(zip(trace["customdata"], trace["hovertext"], strict=False))
     assert "lld_collapse" in hover["alert"] and "grad/norm" in hover["alert"]
     collapse_hover = trace["hovertext"][4]
-    assert "decay → collapse" in collapse_hover and "grad_surge [fired]" in collapse_hover
+    assert "decay → collapse at step 136: phase III" in collapse_hover
+    assert (
+        "gradient-norm surge: ratio of recent median to baseline median = 7.3 (threshold 5)" in collapse_hover
+    )
+    assert "grad/norm now 5.84 vs baseline 0.8" in collapse_hover
+    assert "degraded" not in collapse_hover and "False" not in collapse_hover
     assert all(y < 0.2 for y in trace["y"])  # on the x axis (overlay axis 0..1)
 
 
-def test_evidence_lines_put_fired_signals_first_and_stay_short() -> None:
+def test_evidence_lines_put_fired_signals_first_in_words() -> None:
     lines = evidence_lines(
         {
             "signals": {
-                "a": {"fired": False, "statistic": 1.0},
-                "b": {"fired": True, "metric": "m", "statistic": 2.5},
+                "a_signal": {"fired": False, "statistic": 1.0},
+                "reward_rising": {
+                    "fired": True,
+                    "metric": "reward/mean",
+                    "statistic": 6.97,
+                    "statistic_is": "Mann-Kendall Z",
+                    "window": 71,
+                },
             },
             "note": "x",
-            "window": list(range(100)),
+            "active_at": 110,
+            "phase_since": 40,
+            "degraded": False,
         }
     )
-    assert lines[0].startswith("b [fired]: m 2.5") and lines[1].startswith("a [quiet]")
-    assert all(len(line) < 100 for line in lines)
-    assert len(evidence_lines({f"k{i}": i for i in range(40)}, limit=5)) == 6
+    assert lines == [
+        "reward still rising on reward/mean: Mann-Kendall Z = 6.97 over the last 71 steps (steps 40-110)",
+        "a signal (not fired): statistic = 1",
+    ]
+    many = {"signals": {f"s{i}": {"fired": True, "statistic": i} for i in range(40)}}
+    assert len(evidence_lines(many, limit=5)) == 6
+
+
+def test_hover_lines_are_wrapped_and_limited() -> None:
+    degraded = {"degraded": True, "explanation": "likelihood metrics are absent " * 8}
+    alert = AlertInfo(1, 1, "kl_blowup", "critical", "open", "KL blew up", degraded, 5, 9, NOW, NOW)
+    hover = markers_of([alert], [], [])[0].hover
+    assert "degraded mode: likelihood metrics" in hover
+    assert all(len(part) <= 100 for part in hover.split("<br>"))
+    healthy = AlertInfo(
+        1, 1, "kl_blowup", "critical", "open", "KL", {**degraded, "degraded": False}, 5, 9, NOW, NOW
+    )
+    assert "likelihood metrics" not in markers_of([healthy], [], [])[0].hover
+
+
+def test_legend_lists_every_phase_colour_and_marker_kind() -> None:
+    entries = F.legend_entries()
+    bands = {e.key: e for e in entries if e.group == "band"}
+    assert list(bands) == list(PHASE_COLORS)
+    assert all(bands[p].color == PHASE_COLORS[p] and bands[p].description for p in PHASE_COLORS)
+    assert {p for p, e in bands.items() if e.banded} == set(BANDED_PHASES)
+    markers = [e for e in entries if e.symbol is not None]
+    assert {e.group for e in markers} == set(MARKER_SYMBOLS)
+    assert all(e.symbol == MARKER_SYMBOLS[e.group] for e in markers)
+    assert {e.key for e in markers if e.group == "alert"} == set(SEVERITY_COLORS)
+    assert {e.color for e in markers if e.group == "directive"} == set(DIRECTIVE_COLORS.values())
+    # every marker the figures draw has a legend entry with its shape and colour
+    directives = [DirectiveInfo(version=v, llds_enabled=v == 1, step=v) for v in (1, 2)]
+    alerts = [alert(i, 10 + i, severity=sev) for i, sev in enumerate(SEVERITY_COLORS)]
+    drawn = {(m.group, m.symbol, m.color) for m in markers_of(alerts, directives, [])}
+    assert drawn <= {(e.group, e.symbol, e.color) for e in markers}
+    assert all(e.symbol in SYMBOL_GLYPHS for e in markers)
 
 
 def test_figures_serialise_to_strict_json_with_nan_and_inf() -> None:

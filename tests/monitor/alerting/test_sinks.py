@@ -12,7 +12,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from monitor.alerting.sinks import Dispatcher, Notification, SlackSink, WebhookSink
+from monitor.alerting.sinks import Dispatcher, LogSink, Notification, SlackSink, WebhookSink
 from monitor.telemetry import ServiceMetrics, Snapshot
 
 
@@ -62,8 +62,28 @@ def http() -> Iterator[httpx.Client]:
         yield client
 
 
+EVIDENCE = {
+    "degraded": False,
+    "signals": {
+        "grad_surge": {
+            "fired": True,
+            "metric": "grad/norm",
+            "statistic": 5.17023,
+            "threshold": 5.0,
+            "window": 5,
+            "statistic_is": "ratio of recent median to baseline median",
+            "recent_median": 4.101945,
+            "baseline_median": 0.793378,
+        }
+    },
+    "active_at": 140,
+}
+EXPLANATION = [
+    "gradient-norm surge: ratio of recent median to baseline median = 5.17 (threshold 5) over the last 5 steps"
+    " (steps 136-140); grad/norm now 4.1 vs baseline 0.793"
+]
 NOTE = Notification(
-    "firing", 7, 3, "grpo-3b", "nq", "lld_collapse", "critical", 140, "likelihood drop", {"z": 4.2}
+    "firing", 7, 3, "grpo-3b", "nq", "lld_collapse", "critical", 140, "likelihood drop", EVIDENCE
 )
 
 
@@ -95,7 +115,8 @@ def test_webhook_is_retried_until_delivered(telemetry: ServiceMetrics, http: htt
             "severity": "critical",
             "step": 140,
             "message": "likelihood drop",
-            "evidence": {"z": 4.2},
+            "evidence": EVIDENCE,  # raw, for machines
+            "explanation": EXPLANATION,  # in words, for people
         }
     ]
     assert counter(telemetry, "webhook", "sent") == 1
@@ -125,5 +146,20 @@ def test_slow_sink_never_blocks_submit(telemetry: ServiceMetrics, http: httpx.Cl
         dispatcher.close()
     finally:
         receiver.close()
-    assert receiver.bodies[0] == {"text": NOTE.summary()}
+    assert receiver.bodies[0] == {"text": f"{NOTE.summary()}\n• {EXPLANATION[0]}"}
     assert "[CRITICAL] nq/grpo-3b (run 3) step 140: lld_collapse" in NOTE.summary()
+
+
+def test_explanation_is_derived_from_the_evidence_and_says_degraded_only_when_true(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    assert NOTE.explanation == EXPLANATION
+    assert not any("degraded" in line for line in NOTE.explanation)
+    degraded = {**EVIDENCE, "degraded": True, "explanation": "likelihood metrics are absent."}
+    note = Notification("firing", 1, 1, "r", "p", "lld_collapse", "critical", 140, "m", degraded)
+    assert note.explanation[-1] == "degraded mode: likelihood metrics are absent."
+    given = Notification("resolved", 1, 1, "r", "p", "k", "warning", 1, "m", {}, ["kept as given"])
+    assert given.explanation == ["kept as given"]
+    with caplog.at_level("INFO", logger="lldmon.alerts"):
+        LogSink().send(NOTE)
+    assert caplog.messages == [f"{NOTE.summary()} | {EXPLANATION[0]}"]

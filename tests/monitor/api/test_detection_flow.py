@@ -67,12 +67,20 @@ def test_collapse_under_auto_policy_switches_llds_on(alerting_client, receiver) 
     assert "decay" in phases and "collapse" in phases
     decay = next(e for e in events if e["phase"] == "decay")
     assert decay["evidence"] and decay["step"] < scenario.collapse_step  # type: ignore[operator]
+    # Evidence in words next to the raw evidence: a headline, statistics by name, no internal keys.
+    collapse = next(e for e in events if e["phase"] == "collapse")
+    assert collapse["explanation"][0].startswith(f"{collapse['previous_phase']} → collapse at step ")
+    assert any(" = " in line and "threshold" in line for line in collapse["explanation"][1:])
+    for event in events:
+        assert not any(k in line for k in ("active_at", "degraded:", "{") for line in event["explanation"])
 
     alerts = client.get(f"{API_PREFIX}/runs/{run_id}/alerts").json()
     kinds = {a["kind"]: a for a in alerts}
     assert kinds["lld_decay"]["severity"] == "warning"
     assert kinds["lld_collapse"]["severity"] == "critical"
     assert len([a for a in alerts if a["kind"] == "lld_collapse"]) == 1  # de-duplicated
+    assert all(a["explanation"] and "evidence" in a for a in alerts)
+    assert not any("degraded" in line for a in alerts for line in a["explanation"])  # hooks present
 
     # The directive flipped during the stream and the trainer saw it in an ingest acknowledgement.
     enabled = [a for a in acks if a["directive"]["llds"]["enabled"]]
@@ -87,6 +95,7 @@ def test_collapse_under_auto_policy_switches_llds_on(alerting_client, receiver) 
     fired = [b for b in receiver.bodies if b["event"] == "firing"]
     assert {"lld_decay", "lld_collapse"} <= {b["kind"] for b in fired}
     assert all(b["run_name"] == "grpo-auto" for b in fired)
+    assert all(b["explanation"] and b["evidence"] for b in fired)  # words for people, raw for machines
 
     run = client.get(f"{API_PREFIX}/runs/{run_id}").json()
     assert run["phase"] == "collapse"

@@ -52,6 +52,10 @@ def test_openapi_documents_the_columnar_bodies(client: TestClient) -> None:
         "delta",
     }
     assert client.get("/docs").status_code == 200
+    for out in ("AlertOut", "PhaseEventOut"):  # the evidence in words, next to the raw evidence
+        props = schema["components"]["schemas"][out]["properties"]
+        assert props["explanation"]["type"] == "array" and props["explanation"]["items"] == {"type": "string"}
+        assert "evidence" in props
 
 
 def test_api_answers_503_while_the_database_is_down(client: TestClient, app) -> None:  # type: ignore[no-untyped-def]

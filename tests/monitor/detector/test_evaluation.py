@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from contracts import metrics as M
-from monitor.detector import ADVANTAGE_COLLAPSE, LLD_COLLAPSE, DetectorConfig
+from monitor.detector import ADVANTAGE_COLLAPSE, TRAINING_COLLAPSE, DetectorConfig
 from monitor.detector.scenarios import collapse_scenario, healthy_scenario, scenario_suite
 from monitor.evaluation import (
     DELAY_TARGET,
@@ -17,6 +17,8 @@ from monitor.evaluation import (
     SOURCE_GENERATED,
     SOURCE_LAB,
     SOURCE_THIRD_PARTY,
+    TARGET_CONTROLS,
+    TARGET_CRITICAL,
     LabelledRun,
     check_targets,
     evaluate,
@@ -25,6 +27,13 @@ from monitor.evaluation import (
 )
 
 REAL = Path(__file__).resolve().parents[3].parent / "shared/datasets/real_runs"
+FIRST_BATCH = (
+    "verl-gsm8k-qwen2.5-0.5b-ppo",
+    "verl-gsm8k-gemma-2-2b-ppo",
+    "searchr1-grpo-qwen2.5-3b",
+    "searchr1-gigpo-qwen2.5-3b",
+    "trl-finqa-qwen2.5-7b-grpo",
+)
 
 
 def test_scores_a_collapse_and_a_false_alarm() -> None:
@@ -43,9 +52,9 @@ def test_scores_a_collapse_and_a_false_alarm() -> None:
     assert hooked.lead_time == s.collapse_step - hooked.first_alert
     assert hooked.detection_delay == hooked.first_collapse - s.collapse_step  # type: ignore[operator]
     assert hooked.caught_before_crash and not hooked.false_alarm
-    assert control.degraded and control.false_alarm and LLD_COLLAPSE in control.critical_kinds
+    assert control.degraded and control.false_alarm and TRAINING_COLLAPSE in control.critical_kinds
     text = render(report)
-    assert "control-that-crashes" in text and "median lead time" in text and "NO" in text
+    assert "control-that-crashes" in text and TARGET_CONTROLS in text and "NO" in text
     assert not report.all_met
 
 
@@ -92,9 +101,10 @@ def test_scores_and_targets_per_source() -> None:
     assert unlabelled.collapse_step == 28  # the one rule: 10-step mean < 20 % of its peak from 28 on
     assert (tp.runs, tp.controls, tp.false_alarms) == (1, 1, 0)
     lab_targets = {t.name: t for t in report.targets if t.source == SOURCE_LAB}
-    assert not lab_targets["collapse finding <= 5 steps after the reward collapse, without hooks"].met
-    assert {t.source for t in report.missed()} == {SOURCE_LAB}
-    assert report.missed([SOURCE_GENERATED, SOURCE_THIRD_PARTY]) == []
+    assert not lab_targets[TARGET_CRITICAL].met  # labelled at 5: a critical finding was due by step 15
+    assert lab_targets[TARGET_CRITICAL].offending[0].startswith("lab-late (label 5, deadline 15")
+    assert SOURCE_LAB in {t.source for t in report.missed()}
+    assert report.missed([SOURCE_THIRD_PARTY]) == []
     text = render(report, per_run=False)
     assert "score per source" in text
     assert [line.split()[0] for line in text.splitlines() if line.split()[:1] in (["lab"], ["third-party"])]
@@ -103,7 +113,7 @@ def test_scores_and_targets_per_source() -> None:
 def test_targets_without_runs_of_a_kind() -> None:
     h = healthy_scenario(3)
     report = evaluate([LabelledRun.from_scenario(h)])
-    assert [t.name for t in report.targets] == ["collapse findings / critical flags on controls"]
+    assert [t.name for t in report.targets] == [TARGET_CONTROLS]
     assert report.all_met and check_targets([]) == []
 
 
@@ -124,8 +134,9 @@ def test_targets_on_a_fixed_seed_scenario_set() -> None:
 
 @pytest.mark.skipif(not REAL.is_dir(), reason="../shared/datasets/real_runs is missing")
 def test_real_logs_raise_no_collapse() -> None:
-    runs = real_runs(REAL)
-    assert len(runs) == 5
+    """The first batch of real logs (healthy controls) raises no critical finding."""
+    runs = [r for r in real_runs(REAL) if r.name in FIRST_BATCH]
+    assert len(runs) == 5 and not any(r.collapses for r in runs)
     report = evaluate(runs)
     for r in report.runs:
         assert r.degraded  # imported logs have no likelihood metrics
