@@ -32,7 +32,12 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import numpy as np
+
+from contracts import metrics as M
 from monitor.detector import DetectorConfig, DetectorState, SeriesWindow, update
+from monitor.detector.labels import collapse_step
+from monitor.detector.replay import thin
 from monitor.detector.scenarios import Scenario, collapse_scenario, healthy_scenario, scenario_suite
 from monitor.evaluation import (
     EvaluationReport,
@@ -86,6 +91,15 @@ def update_cost_ms(scenario: Scenario, config: DetectorConfig) -> tuple[list[flo
     return times, cpu
 
 
+def _thinned(run: LabelledRun, every: int) -> LabelledRun:
+    """`run` as a trainer that logs every `every` steps would have sent it; its label is kept."""
+    steps, values, present = thin(run.steps, run.values, run.present, every)
+    label = run.collapse_step
+    if label is None and run.collapses:
+        label = collapse_step(run.steps, run.values.get(M.REWARD_MEAN, np.full(run.steps.size, np.nan)))
+    return dataclasses.replace(run, steps=steps, values=values, present=present, collapse_step=label)
+
+
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1)))]
@@ -104,6 +118,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--no-lab", action="store_true", help="leave out the recorded lab runs")
     parser.add_argument("--quiet", action="store_true", help="no per-run table")
+    parser.add_argument(
+        "--thin",
+        type=int,
+        default=1,
+        help="replay every run as a trainer logging every N steps would have sent it (labels unchanged)",
+    )
     parser.add_argument("--json", type=Path, help="write the group summaries, targets and costs here")
     args = parser.parse_args(argv)
     print("command:", shlex.join([sys.executable, *sys.argv]))
@@ -128,6 +148,9 @@ def main(argv: list[str] | None = None) -> None:
         runs += real.runs
     else:
         print(f"real logs: {REAL_RUNS_DIR} not found, skipped")
+    if args.thin > 1:
+        runs = [_thinned(r, args.thin) for r in runs]
+        print(f"every run thinned to its last value per {args.thin}-step block (monitor/detector/replay.py)")
     t0 = time.perf_counter()
     report = run_evaluation(runs, args.jobs)
     elapsed = time.perf_counter() - t0

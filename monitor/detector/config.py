@@ -188,6 +188,11 @@ class DetectorConfig:
     """Entropy explosion (warning): recent median entropy >= this times its baseline, with a robust z >=
     `surge_z`; critical when validity degrades with it (valid actions or searches fall, clipping rises,
     garbled outputs) or the reward crashes. Real logs: <= 1.3x on healthy runs ([LLD] section 3)."""
+    entropy_explosion_validity_drop: float = 0.15
+    """...critical when, with it, valid actions / searches fall this share below their baseline..."""
+    entropy_explosion_clip_rise: float = 0.1
+    """...or the share of clipped responses rises this much above its baseline (issue 14's real run: entropy
+    0.57 -> 3.3 with invalid actions to 28 % and clipped responses 0 -> 22 %). Project choice."""
     entropy_explosion_window: int = 10
     """Steps of the recent entropy median for the explosion (slower than the 5-step surge)."""
     validity_collapse_ratio: float = 0.5
@@ -247,6 +252,8 @@ class DetectorConfig:
             "grad_idle_ratio",
             "length_explosion_clip",
             "validity_collapse_ratio",
+            "entropy_explosion_validity_drop",
+            "entropy_explosion_clip_rise",
         ):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{name}: must be in (0, 1]")

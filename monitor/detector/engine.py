@@ -96,6 +96,11 @@ def process_point(
     sig: Signals = compute(h, cfg, state.reward_peak, state.hooks_seen, state.anchor_peak)
     conds = F.conditions(h, sig, cfg, state)
     criticals = [c.kind for c in conds if F.SEVERITY[c.kind] == "critical"]
+    if any(c.kind == F.ENTROPY_EXPLOSION for c in conds):
+        degraded_outputs = F.outputs_degraded(h, cfg)
+        if degraded_outputs:  # an entropy explosion that takes the outputs with it is a collapse
+            criticals.append(F.ENTROPY_EXPLOSION_DEGRADED)
+
     change = phases.advance(state, sig, h.step, cfg, criticals, judged)
     conds.extend(F.phase_conditions(sig, state))
     started: list[Finding] = []

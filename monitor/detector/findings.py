@@ -363,6 +363,32 @@ def entropy_explosion(h: History, cfg: DetectorConfig, state: DetectorState) -> 
     )
 
 
+ENTROPY_EXPLOSION_DEGRADED: Final = "entropy_explosion_with_degraded_outputs"
+"""The reason (not a finding kind) that turns an entropy explosion into phase III: valid actions or
+searches falling, or clipping rising, with it."""
+
+
+def outputs_degraded(h: History, cfg: DetectorConfig) -> list[str]:
+    """What degrades with an entropy explosion: valid actions / searches `entropy_explosion_validity_drop`
+    below their baseline, or the clipped share `entropy_explosion_clip_rise` above its baseline."""
+    out: list[str] = []
+    for metric in VALIDITY_METRICS:
+        base = _baseline(h, metric, cfg)
+        med, count = _median_tail(h, metric, cfg)
+        known = math.isfinite(base) and base > 0 and count >= cfg.min_recent_points
+        if known and med <= (1 - cfg.entropy_explosion_validity_drop) * base:
+            out.append(f"{metric} {num(med)} vs baseline {num(base)}")
+    base = _baseline(h, M.RESPONSE_CLIP_RATIO, cfg)
+    med, count = _median_tail(h, M.RESPONSE_CLIP_RATIO, cfg)
+    if (
+        math.isfinite(base)
+        and count >= cfg.min_recent_points
+        and med >= base + cfg.entropy_explosion_clip_rise
+    ):
+        out.append(f"{M.RESPONSE_CLIP_RATIO} {num(med)} vs baseline {num(base)}")
+    return out
+
+
 def terminal_indicators(h: History, cfg: DetectorConfig, state: DetectorState) -> dict[str, Indicator]:
     """Sustained terminal signatures at the current point (non-finite values are handled by latches)."""
     out: dict[str, Indicator] = {REWARD_ZERO: reward_zero(h, cfg, state.reward_peak)}

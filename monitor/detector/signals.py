@@ -143,27 +143,26 @@ class History:
             return 0, 0
         last = self.steps[hi - 1]
         lo = int(np.searchsorted(self.steps, last - steps, side="right"))
-        if min_points > 0:
-            fin = self.finite_index(name)
-            k = int(np.searchsorted(fin, hi))
-            have = k - int(np.searchsorted(fin, lo))
-            if have < min_points and k > 0:
-                lo = min(lo, int(fin[max(0, k - min_points)]))
-        return lo, hi
+        return self._stretch(name, lo, hi, min_points), hi
+
+    def _stretch(self, name: str, lo: int, hi: int, min_points: int) -> int:
+        """`lo`, moved back so that [lo, hi) holds at least `min_points` finite values of `name` (as many
+        as the history has)."""
+        if min_points <= 0:
+            return lo
+        fin = self.finite_index(name)
+        k = int(np.searchsorted(fin, hi))
+        have = k - int(np.searchsorted(fin, lo))
+        if have < min_points and k > 0:
+            lo = min(lo, int(fin[max(0, k - min_points)]))
+        return lo
 
     def before(self, name: str, lo: int, steps: int, min_points: int = 0) -> tuple[int, int]:
         """The window of `steps` steps just before index `lo` (same stretching as `span`)."""
         if lo <= 0:
             return 0, 0
-        n_lo = int(np.searchsorted(self.steps, self.steps[lo] - steps, side="left"))
-        hi = lo
-        if min_points > 0:
-            fin = self.finite_index(name)
-            k = int(np.searchsorted(fin, hi))
-            have = k - int(np.searchsorted(fin, n_lo))
-            if have < min_points and k > 0:
-                n_lo = min(n_lo, int(fin[max(0, k - min_points)]))
-        return n_lo, hi
+        start = int(np.searchsorted(self.steps, self.steps[lo] - steps, side="left"))
+        return self._stretch(name, start, lo, min_points), lo
 
     def recent(self, name: str, steps: int, min_points: int = 0) -> FloatArray:
         """Finite values of `name` in the last `steps` steps (stretched to `min_points` values)."""

@@ -140,7 +140,8 @@ def _generic_step(path: str, header: list[str]) -> str:
     return found
 
 
-def _generic_metric(name: str) -> bool:
+def is_metric_column(name: str) -> bool:
+    """A named, non-step column is a metric unless it is bookkeeping (`_runtime`, `_timestamp`, ...)."""
     return not name.startswith("_")
 
 
@@ -154,7 +155,7 @@ def parse_csv_file(
         progress,
         choose_step=_generic_step,
         not_metrics=STEP_COLUMNS,
-        is_metric=_generic_metric,
+        is_metric=is_metric_column,
     )
 
 

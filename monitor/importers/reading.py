@@ -7,6 +7,7 @@ the import goes on; in strict mode the first one raises `MalformedLog`, before a
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from array import array
@@ -100,6 +101,30 @@ def iter_lines(path: str | os.PathLike[str], progress: ProgressCallback | None =
             yield Line(number, raw.decode("utf-8", errors="replace").rstrip("\r\n"), raw.endswith(b"\n"))
     if progress is not None and pending:
         progress(pending)
+
+
+def iter_json_objects(
+    path: str, diagnostics: Diagnostics, progress: ProgressCallback | None = None
+) -> Iterator[tuple[Line, dict[str, object]]]:
+    """The JSON-object lines of a JSON-per-line log with their line, blank lines skipped; a line that is not
+    valid JSON or not an object is reported to `diagnostics` with its number and skipped."""
+    for line in iter_lines(path, progress):
+        if not line.text.strip():
+            continue
+        try:
+            obj = json.loads(line.text)
+        except json.JSONDecodeError as exc:
+            diagnostics.report(
+                path, line.number, line.reason(f"invalid JSON at column {exc.colno}: {exc.msg}")
+            )
+            continue
+        except (ValueError, RecursionError) as exc:
+            diagnostics.report(path, line.number, f"invalid JSON: {short(str(exc))}")
+            continue
+        if not isinstance(obj, dict):
+            diagnostics.report(path, line.number, f"not a JSON object: {short(obj)}")
+            continue
+        yield line, obj
 
 
 def text_lines(text: str) -> Iterator[Line]:

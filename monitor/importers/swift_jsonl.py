@@ -16,7 +16,6 @@ Streamed line by line.
 
 from __future__ import annotations
 
-import json
 from typing import Final
 
 from contracts.trainer_keys import TRL
@@ -25,7 +24,7 @@ from monitor.importers.reading import (
     Diagnostics,
     ProgressCallback,
     StepRecords,
-    iter_lines,
+    iter_json_objects,
     load_files,
     parse_number,
     parse_step,
@@ -67,22 +66,7 @@ def parse_swift_jsonl_file(
 ) -> FileColumns:
     """Step records (canonical names) of one `logging.jsonl`."""
     records = StepRecords(path, diagnostics, TRL)
-    for line in iter_lines(path, progress):
-        if not line.text.strip():
-            continue
-        try:
-            obj = json.loads(line.text)
-        except json.JSONDecodeError as exc:
-            diagnostics.report(
-                path, line.number, line.reason(f"invalid JSON at column {exc.colno}: {exc.msg}")
-            )
-            continue
-        except (ValueError, RecursionError) as exc:
-            diagnostics.report(path, line.number, f"invalid JSON: {short(str(exc))}")
-            continue
-        if not isinstance(obj, dict):
-            diagnostics.report(path, line.number, f"not a JSON object: {short(obj)}")
-            continue
+    for line, obj in iter_json_objects(path, diagnostics, progress):
         if SUMMARY_KEYS & obj.keys():
             continue
         step, key = swift_step(obj)

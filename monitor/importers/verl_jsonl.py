@@ -10,7 +10,6 @@ a value that is not a number is reported with its file and line. Streamed line b
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator, Mapping
 from typing import Final
@@ -21,7 +20,7 @@ from monitor.importers.reading import (
     Diagnostics,
     ProgressCallback,
     StepRecords,
-    iter_lines,
+    iter_json_objects,
     load_files,
     parse_number,
     parse_step,
@@ -46,22 +45,7 @@ def parse_verl_jsonl_file(
 ) -> FileColumns:
     """Step records (canonical names) of one JSONL file."""
     records = StepRecords(path, diagnostics, VERL)
-    for line in iter_lines(path, progress):
-        if not line.text.strip():
-            continue
-        try:
-            obj = json.loads(line.text)
-        except json.JSONDecodeError as exc:
-            diagnostics.report(
-                path, line.number, line.reason(f"invalid JSON at column {exc.colno}: {exc.msg}")
-            )
-            continue
-        except (ValueError, RecursionError) as exc:
-            diagnostics.report(path, line.number, f"invalid JSON: {short(str(exc))}")
-            continue
-        if not isinstance(obj, dict):
-            diagnostics.report(path, line.number, f"not a JSON object: {short(obj)}")
-            continue
+    for line, obj in iter_json_objects(path, diagnostics, progress):
         if STEP_KEY not in obj:
             diagnostics.report(path, line.number, 'no "step"')
             continue
@@ -71,11 +55,8 @@ def parse_verl_jsonl_file(
                 path, line.number, f"step is not a non-negative integer: {short(obj[STEP_KEY])}"
             )
             continue
-        data = (
-            obj[DATA_KEY]
-            if isinstance(obj.get(DATA_KEY), dict)
-            else {k: v for k, v in obj.items() if k != STEP_KEY}
-        )
+        nested = obj.get(DATA_KEY)
+        data = nested if isinstance(nested, dict) else {k: v for k, v in obj.items() if k != STEP_KEY}
         for name, value in _flatten(data):
             number = math.nan if value is None else parse_number(value)
             if number is None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from monitor.importers.csv_table import read_csv_table
+from monitor.importers.csv_table import is_metric_column, read_csv_table
 from monitor.importers.parsed import FileColumns, ParsedLog, Paths
 from monitor.importers.reading import (
     Diagnostics,
@@ -39,10 +39,6 @@ def _wandb_step(path: str, header: list[str]) -> str:
     return found
 
 
-def _wandb_metric(name: str) -> bool:
-    return not name.startswith("_")
-
-
 def parse_wandb_csv_file(
     path: str, diagnostics: Diagnostics, progress: ProgressCallback | None = None
 ) -> FileColumns:
@@ -53,7 +49,7 @@ def parse_wandb_csv_file(
         progress,
         choose_step=_wandb_step,
         not_metrics=STEP_COLUMNS,
-        is_metric=_wandb_metric,
+        is_metric=is_metric_column,
     )
 
 

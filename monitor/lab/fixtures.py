@@ -25,6 +25,7 @@ checkout (`--lab DIR` elsewhere). Export from a lab directory::
 from __future__ import annotations
 
 import argparse
+import csv
 import gzip
 import io
 import json
@@ -296,6 +297,20 @@ def export_lab(lab_dir: Path, out: Path, keys: Iterable[str] | None = None, log:
     return written
 
 
+def write_csv(run: RecordedRun, out: Path) -> int:
+    """The fixture as a generic CSV (`step` + one column per metric; empty = not logged, non-finite as
+    `nan` / `inf`), which `lldmon import --format csv` reads back: a recorded run into any service.
+    Returns the number of rows."""
+    names = sorted({k for row in run.rows for k in row})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["step", *names])
+        for step, row in zip(run.steps, run.rows, strict=True):
+            writer.writerow([step, *["" if k not in row else repr(float(row[k])) for k in names]])
+    return len(run.steps)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m monitor.lab.fixtures", description="Recorded lab runs as gzip JSONL fixtures."
@@ -307,12 +322,18 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("--runs", help="comma-separated run keys (default: every finished run)")
     show = sub.add_parser("show", help="print the header and label of fixtures")
     show.add_argument("paths", type=Path, nargs="+")
+    to_csv = sub.add_parser("csv", help="write a fixture as a CSV for `lldmon import --format csv`")
+    to_csv.add_argument("path", type=Path)
+    to_csv.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
         if args.command == "export":
             keys = [k.strip() for k in args.runs.split(",") if k.strip()] if args.runs else None
             written = export_lab(args.lab_dir, args.out, keys, log=print)
             print(f"{len(written)} fixtures in {args.out}")
+        elif args.command == "csv":
+            rows = write_csv(read_fixture(args.path), args.out)
+            print(f"wrote {args.out}: {rows} steps")
         else:
             for path in args.paths:
                 run = read_fixture(path)

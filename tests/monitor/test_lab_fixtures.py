@@ -25,6 +25,7 @@ from monitor.lab.fixtures import (
     load_fixtures,
     main,
     read_fixture,
+    write_csv,
     write_fixture,
 )
 
@@ -110,6 +111,25 @@ def test_export_reads_back_every_metric_and_the_label(tmp_path: Path) -> None:
     assert labelled.present["adv/pos_neg_mass_ratio"].tolist() == [s in (5, 6) for s in range(1, 41)]
     assert np.isnan(mass).all()  # logged as NaN at 5 and 6, absent elsewhere
     assert int(labelled.present[M.REWARD_MEAN].sum()) == len(rewards)
+
+
+def test_csv_reads_back_through_the_generic_csv_importer(tmp_path: Path) -> None:
+    """`python -m monitor.lab.fixtures csv` + `lldmon import --format csv`: a recorded run into any service,
+    every value (NaN and inf included) and every gap as recorded."""
+    from monitor.importers import load_log
+
+    lab, _ = _lab(tmp_path)
+    (fixture,) = export_lab(lab, tmp_path / "fixtures")
+    run = read_fixture(fixture).to_labelled_run()
+    out = tmp_path / "run.csv"
+    assert main(["csv", str(fixture), "--out", str(out)]) == 0
+    log = load_log([out], "csv")
+    assert log.steps.tolist() == run.steps.tolist()
+    assert run.present is not None
+    for name, values in run.values.items():
+        assert log.present[name].tolist() == run.present[name].tolist(), name
+        np.testing.assert_array_equal(log.values[name], values)
+    assert write_csv(read_fixture(fixture), tmp_path / "again.csv") == len(run.steps)
 
 
 def test_export_is_reproducible_and_selects_runs(tmp_path: Path) -> None:

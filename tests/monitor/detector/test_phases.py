@@ -43,8 +43,12 @@ from monitor.detector import (
 )
 from monitor.detector import config as config_module
 from monitor.detector.labels import collapse_step
-from monitor.detector.scenarios import collapse_scenario, noisy_stagnant_scenario
+from monitor.detector.replay import thin
+from monitor.detector.scenarios import Scenario, collapse_scenario, noisy_stagnant_scenario
 from monitor.detector.signals import History
+from monitor.lab.fixtures import read_fixture
+
+LAB_FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "lab"
 
 CFG = DetectorConfig()
 Series = dict[str, np.ndarray]
@@ -471,15 +475,27 @@ def test_evidence_is_strict_json() -> None:
 # --- online == offline --------------------------------------------------------------------------------
 
 
+def _lab_run(pattern: str, every: int = 1) -> Scenario:
+    """A committed lab fixture (a real GRPO run: reward every 4 steps, anchors every 5) as a scenario,
+    optionally thinned to one log line per `every` steps."""
+    fixture = read_fixture(next(LAB_FIXTURES.glob(pattern))).to_labelled_run()
+    steps, values, present = thin(fixture.steps, fixture.values, fixture.present, every)
+    return Scenario(fixture.name, "collapse", True, 0, steps, values, present, fixture.collapse_step)
+
+
 @pytest.mark.parametrize(
     "scenario",
-    [collapse_scenario(5), noisy_stagnant_scenario(6).without_hooks()],
-    ids=["collapse", "noisy-degraded"],
+    [
+        collapse_scenario(5),
+        noisy_stagnant_scenario(6).without_hooks(),
+        _lab_run("*lr0.0007*_s3.jsonl.gz"),
+        _lab_run("*lr0.001_*_s0.jsonl.gz", every=10),
+    ],
+    ids=["collapse", "noisy-degraded", "lab-late-sparse-rewards", "lab-early-every-10-steps"],
 )
-def test_online_batches_equal_offline(scenario: object) -> None:
-    from monitor.detector.scenarios import Scenario
-
-    assert isinstance(scenario, Scenario)
+def test_online_batches_equal_offline(scenario: Scenario) -> None:
+    """Any batching gives what `detect_offline` gives, when each batch comes with the points of the
+    `required_history` steps before it (what the service reads back: steps, not points)."""
     offline = detect_offline(scenario.steps, scenario.values, CFG, scenario.present)
     full = SeriesWindow.from_columns(scenario.steps, scenario.values, scenario.present)
     rng = np.random.default_rng(0)
@@ -491,7 +507,8 @@ def test_online_batches_equal_offline(scenario: object) -> None:
         end = 0
         while end < len(full):
             start, end = end, min(len(full), end + int(rng.integers(1, 60)))
-            lo = max(0, start - horizon + 1)
+            # the service's read: steps > last judged step - required_history
+            lo = 0 if start == 0 else int(np.searchsorted(full.steps, full.steps[start - 1] - horizon + 1))
             window = SeriesWindow(
                 full.steps[lo:end],
                 {k: v[lo:end] for k, v in full.values.items()},

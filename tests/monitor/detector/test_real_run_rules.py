@@ -155,6 +155,18 @@ def test_entropy_explosion_warns_and_turns_critical_when_validity_degrades() -> 
     change = next(c for c in worse.phase_changes if c.phase == COLLAPSE)
     assert INVALID_ACTION_SURGE in change.evidence["reasons"]
     assert first(worse, TRAINING_COLLAPSE) == change.step
+    # issue 14's real run: entropy 0.57 -> 3.3 with invalid actions to 28 % and clipped responses 0 -> 22 %
+    # (not enough for an invalid-action surge on its own): the explosion takes the outputs with it
+    issue = calm(160, 6)
+    issue[M.ENTROPY_MEAN] = np.where(np.arange(160) < 100, 0.57, 3.3)
+    issue[M.ACTION_VALID_RATIO] = np.where(np.arange(160) < 100, 0.99, 0.72)
+    issue[M.RESPONSE_CLIP_RATIO] = np.where(np.arange(160) < 100, 0.0, 0.22)
+    both = run(issue)
+    assert INVALID_ACTION_SURGE not in both.kinds()
+    change = next(c for c in both.phase_changes if c.phase == COLLAPSE)
+    assert 100 <= change.step <= 100 + CFG.entropy_explosion_window
+    assert "entropy_explosion_with_degraded_outputs" in change.evidence["reasons"]
+    assert first(both, TRAINING_COLLAPSE) == change.step
     # a slow drift (the boerz ALFWorld seed c: 0.6 -> 1.9 over 150 steps with the reward rising) is not one
     drift = calm(300, 7)
     drift[M.ENTROPY_MEAN] = np.linspace(0.6, 1.9, 300) * (1 + np.random.default_rng(7).normal(0, 0.02, 300))
@@ -244,12 +256,16 @@ def test_reward_every_2_steps_and_deltas_every_5_still_warn_ahead(seed: int) -> 
     assert 0 <= (sparse.first("lld_decay") or 0) - (full.first("lld_decay") or 0) <= 30
 
 
-def test_thin_keeps_each_metrics_last_value_per_block() -> None:
+def test_thin_keeps_one_value_per_block_like_trl_logging_steps() -> None:
     steps = np.arange(25)
     reward = np.where(steps % 4 == 1, steps / 100, np.nan)
     grad = steps.astype(float)
+    grad[12] = np.inf
     out_steps, values, present = thin(steps, {M.REWARD_MEAN: reward, M.GRAD_NORM: grad}, every=10)
     assert out_steps.tolist() == [9, 17, 19, 21, 24]
-    assert values[M.GRAD_NORM][present[M.GRAD_NORM]].tolist() == [9.0, 19.0, 24.0]
-    assert values[M.REWARD_MEAN][present[M.REWARD_MEAN]].tolist() == [0.09, 0.17, 0.21]
+    # TRL averages over the logging interval; a non-finite value in the interval stays non-finite
+    assert values[M.GRAD_NORM][present[M.GRAD_NORM]].tolist() == [4.5, np.inf, 22.0]
+    assert values[M.REWARD_MEAN][present[M.REWARD_MEAN]] == pytest.approx([0.05, 0.15, 0.21])
+    _, last, _ = thin(steps, {M.REWARD_MEAN: reward}, every=10, how="last")
+    assert last[M.REWARD_MEAN][~np.isnan(last[M.REWARD_MEAN])].tolist() == [0.09, 0.17, 0.21]
     assert collapse_step(out_steps, values[M.REWARD_MEAN]) is None
