@@ -123,9 +123,9 @@ class DetectorConfig:
 
     # --- hysteresis ----------------------------------------------------------------------------------------
     stagnation_confirm: int = 8
-    """Consecutive confirmations to enter stagnation (phase I)."""
+    """Steps of consecutive support to enter stagnation (phase I) (`phases.confirmed`)."""
     decay_confirm: int = 5
-    """Consecutive confirmations to enter decay (phase II)."""
+    """Steps of consecutive support to enter decay (phase II)."""
     collapse_confirm: int = 3
     """Consecutive confirmations to enter collapse (phase III); with the 3-point reward median this keeps
     the degraded-mode delay after a reward crash <= 5 steps (target)."""
@@ -221,7 +221,7 @@ class DetectorConfig:
     adv_zero_std_exit: float = 0.4
     """Hysteresis band: the warning clears once the mean share is below this."""
     diagnosis_confirm: int = 10
-    """Consecutive confirmations to raise / clear the entropy- and advantage-collapse warnings."""
+    """Steps of consecutive support to raise / clear the entropy- and advantage-collapse warnings."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

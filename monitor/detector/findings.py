@@ -24,7 +24,7 @@ import numpy as np
 from contracts import metrics as M
 from monitor.detector import stats
 from monitor.detector.config import DetectorConfig
-from monitor.detector.phases import PHASE_SIGNALS
+from monitor.detector.phases import PHASE_SIGNALS, confirmed, streak
 from monitor.detector.signals import (
     DEGRADED_EXPLANATION,
     History,
@@ -483,15 +483,16 @@ def _latch_nonfinite(
     )
 
 
-def _hysteresis(state: DetectorState, kind: str, condition: bool, clear: bool, confirm: int) -> bool:
-    """Raise after `confirm` consecutive points with `condition`, clear after `confirm` with `clear`."""
-    on_key, off_key = f"on:{kind}", f"off:{kind}"
-    active = kind in state.active
-    state.counters[on_key] = state.counters.get(on_key, 0) + 1 if condition else 0
-    state.counters[off_key] = state.counters.get(off_key, 0) + 1 if clear else 0
-    if not active:
-        return state.counters[on_key] >= confirm
-    return state.counters[off_key] < confirm
+def _hysteresis(
+    state: DetectorState, kind: str, condition: bool, clear: bool, confirm: int, step: int
+) -> bool:
+    """Raise after `confirm` steps with `condition`, clear after `confirm` steps with `clear` (steps, not
+    points: `phases.confirmed`)."""
+    on = streak(state.counters, f"on:{kind}", condition, step)
+    off_run = streak(state.counters, f"off:{kind}", clear, step)
+    if kind not in state.active:
+        return confirmed(on, confirm)
+    return not confirmed(off_run, confirm)
 
 
 def diagnoses(h: History, sig: Signals, cfg: DetectorConfig, state: DetectorState) -> list[Condition]:
@@ -504,7 +505,7 @@ def diagnoses(h: History, sig: Signals, cfg: DetectorConfig, state: DetectorStat
         low = e_now <= cfg.entropy_collapse_ratio * peak
         rising = reward_rising(h, cfg, cfg.plateau_window, name="reward_rising_long") if low else None
         plateau = rising is not None and not rising.fired and rising.statistic is not None
-        if _hysteresis(state, ENTROPY_COLLAPSE, low and plateau, not low, cfg.diagnosis_confirm):
+        if _hysteresis(state, ENTROPY_COLLAPSE, low and plateau, not low, cfg.diagnosis_confirm, h.step):
             out.append(
                 Condition(
                     ENTROPY_COLLAPSE,
@@ -531,7 +532,7 @@ def diagnoses(h: History, sig: Signals, cfg: DetectorConfig, state: DetectorStat
             share = float(tail.sum()) / tail.size
             on = share > cfg.adv_zero_std_enter
             clear = share < cfg.adv_zero_std_exit
-            if _hysteresis(state, ADVANTAGE_COLLAPSE, on, clear, cfg.diagnosis_confirm):
+            if _hysteresis(state, ADVANTAGE_COLLAPSE, on, clear, cfg.diagnosis_confirm, h.step):
                 out.append(
                     Condition(
                         ADVANTAGE_COLLAPSE,

@@ -135,10 +135,10 @@ def _evidence(
     return ev
 
 
-def _streak(state: DetectorState, name: str, holds: bool, step: int) -> tuple[int, int]:
-    """(consecutive supporting points, steps they span) of the counter `name` after this point."""
-    key, since = f"phase:{name}", f"since:{name}"
-    counters = state.counters
+def streak(counters: dict[str, int], key: str, holds: bool, step: int) -> tuple[int, int]:
+    """(consecutive points on which the condition held, steps they span) of the counter `key` after the
+    point at `step` (its first step is kept under `key + "@since"`)."""
+    since = f"{key}@since"
     if holds:
         counters[key] = counters.get(key, 0) + 1
         if counters[key] == 1:
@@ -149,10 +149,14 @@ def _streak(state: DetectorState, name: str, holds: bool, step: int) -> tuple[in
     return 0, 0
 
 
-def confirmed(streak: tuple[int, int], need: int) -> bool:
+def _streak(state: DetectorState, name: str, holds: bool, step: int) -> tuple[int, int]:
+    return streak(state.counters, f"phase:{name}", holds, step)
+
+
+def confirmed(run: tuple[int, int], need: int) -> bool:
     """`need` steps of support: at least `min(need, 2)` consecutive supporting points spanning `need`
     steps (a run logging every step needs `need` points, one logging every 10 steps two)."""
-    points, span = streak
+    points, span = run
     return (points >= min(need, 2) and span >= need) or points >= need
 
 
@@ -238,6 +242,6 @@ def _change(state: DetectorState, step: int, phase: str, evidence: dict[str, Any
     previous = state.phase
     state.phase = phase
     state.phase_since = step
-    for key in [k for k in state.counters if k.startswith(("phase:", "since:"))]:
+    for key in [k for k in state.counters if k.startswith("phase:")]:
         del state.counters[key]
     return PhaseChange(step=step, phase=phase, previous_phase=previous, evidence=evidence)
