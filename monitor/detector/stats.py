@@ -317,13 +317,14 @@ def _theil_sen(
             return NO_FIT
         i, j, dx = i[keep], j[keep], dx[keep]
     dy = ya[j] - ya[i]
-    with np.errstate(over="ignore"):  # absurdly close x values: an infinite pairwise slope is fine
+    # absurdly close x values (subnormal gaps): an infinite slope, and NaN residuals from inf * 0, are fine
+    with np.errstate(over="ignore", invalid="ignore"):
         slope = fast_median(dy / dx)
+        intercept = fast_median(ya - slope * xa)
+        resid = ya - (intercept + slope * xa)
+        resid_sd = MAD_TO_SD * fast_median(np.abs(resid - fast_median(resid)))
     s_stat = float(np.sign(dy * dx).sum())
     ties = _tie_term(ya)
-    intercept = fast_median(ya - slope * xa)
-    resid = ya - (intercept + slope * xa)
-    resid_sd = MAD_TO_SD * fast_median(np.abs(resid - fast_median(resid)))
     sxx = float(np.sum((xa - xa.mean()) ** 2))
     se = resid_sd / np.sqrt(sxx) if sxx > 0 else float("nan")
     z = mann_kendall_z(s_stat, n, ties)
