@@ -26,13 +26,18 @@ DEGRADED_EXPLANATION: Final = (
     "from reward, grad norm, entropy, response length, KL, validity and clip fraction."
 )
 
-USED_METRICS: Final = (
+HOOK_METRICS: Final = (
     M.LOGP_POS,
     M.FRAC_TRAJ_DECREASED_POS,
     M.DELTA_TRAJ_POS,
     M.LOGP_CORRECT,
     M.DELTA_TRAJ_CORRECT,
     M.ANCHOR_LOGP,
+)
+"""Likelihood metrics only lldmon's hooks send: a run that ever logged one is judged with phases I-II."""
+
+USED_METRICS: Final = (
+    *HOOK_METRICS,
     M.REWARD_MEAN,
     M.GRAD_NORM,
     M.ENTROPY_MEAN,
@@ -47,17 +52,7 @@ USED_METRICS: Final = (
     M.SEARCH_VALID_PER_TRAJ,
     M.ACTION_VALID_RATIO,
 )
-"""The metrics the detector reads; everything else in a window is ignored."""
-
-HOOK_METRICS: Final = (
-    M.LOGP_POS,
-    M.FRAC_TRAJ_DECREASED_POS,
-    M.DELTA_TRAJ_POS,
-    M.LOGP_CORRECT,
-    M.DELTA_TRAJ_CORRECT,
-    M.ANCHOR_LOGP,
-)
-"""Likelihood metrics only lldmon's hooks send: a run that ever logged one is judged with phases I-II."""
+"""The metrics the detector reads (the hook metrics and the trainer's own); everything else is ignored."""
 
 
 def num(x: float | None, digits: int = 6) -> float | None:

@@ -29,7 +29,6 @@ from monitor.importers.reading import (
     ProgressCallback,
     StepRecords,
     load_files,
-    parse_number,
     parse_step,
     short,
 )
@@ -117,11 +116,7 @@ def read_csv_table(
             cell = row[i].strip()
             if not cell or _is_media(cell):
                 continue
-            value = parse_number(cell)
-            if value is None:
-                diagnostics.report(path, start, f"step {step}: {name} is not a number: {short(cell)}")
-                continue
-            records.add(step, start, name, value)
+            records.add_logged(step, start, name, cell)
     return records.columns()
 
 

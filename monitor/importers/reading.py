@@ -225,6 +225,17 @@ class StepRecords:
         column.seq.append(self._seq)
         self._seq += 1
 
+    def add_logged(self, step: int, line: int, raw_name: str, value: object) -> None:
+        """A value as the log wrote it: a number (NaN and inf kept, also as text) is added; anything else is
+        reported with its step and name and skipped."""
+        number = parse_number(value)
+        if number is None:
+            self.diagnostics.report(
+                self.path, line, f"step {step}: {raw_name} is not a number: {short(value)}"
+            )
+            return
+        self.add(step, line, raw_name, number)
+
     def add_row(self, step: int, line: int, row: Mapping[str, float]) -> None:
         for raw_name, value in row.items():
             self.add(step, line, raw_name, value)

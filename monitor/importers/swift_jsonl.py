@@ -26,7 +26,6 @@ from monitor.importers.reading import (
     StepRecords,
     iter_json_objects,
     load_files,
-    parse_number,
     parse_step,
     short,
 )
@@ -81,11 +80,7 @@ def parse_swift_jsonl_file(
         for name, value in obj.items():
             if name in MARKER_KEYS or name in PROGRESS_TEXT_KEYS:
                 continue
-            number = parse_number(value)
-            if number is None:
-                diagnostics.report(path, line.number, f"step {step}: {name} is not a number: {short(value)}")
-                continue
-            records.add(step, line.number, name, number)
+            records.add_logged(step, line.number, name, value)
     return records.columns()
 
 

@@ -27,7 +27,6 @@ from monitor.importers.reading import (
     ProgressCallback,
     StepRecords,
     load_files,
-    parse_number,
     parse_step,
     short,
 )
@@ -107,11 +106,7 @@ def _add_entry(records: StepRecords, entry: object, path: str, line: int, diagno
     for key, value in entry.items():
         if key == STEP_KEY:
             continue
-        number = math.nan if value is None else parse_number(value)
-        if number is None:
-            diagnostics.report(path, line, f"step {step}: {key} is not a number: {short(value)}")
-            continue
-        records.add(step, line, key, number)
+        records.add_logged(step, line, key, math.nan if value is None else value)
 
 
 def load_trl_state(

@@ -22,7 +22,6 @@ from monitor.importers.reading import (
     StepRecords,
     iter_json_objects,
     load_files,
-    parse_number,
     parse_step,
     short,
 )
@@ -58,11 +57,7 @@ def parse_verl_jsonl_file(
         nested = obj.get(DATA_KEY)
         data = nested if isinstance(nested, dict) else {k: v for k, v in obj.items() if k != STEP_KEY}
         for name, value in _flatten(data):
-            number = math.nan if value is None else parse_number(value)
-            if number is None:
-                diagnostics.report(path, line.number, f"step {step}: {name} is not a number: {short(value)}")
-                continue
-            records.add(step, line.number, name, number)
+            records.add_logged(step, line.number, name, math.nan if value is None else value)
     return records.columns()
 
 
