@@ -6,8 +6,14 @@ and `lldmon sync DIR` (uploads leftovers). Stdlib only; the transport is a param
 Layout of a spool directory::
 
     <dir>/<20-digit ns>-<batch_id>.json.gz   one batch per file, oldest first by name
+    <dir>/finish-<run hash>.json             a run's final status, for after its batches (below)
     <dir>/rejected/...                       batches the service refused (4xx validation), same format
     <dir>/corrupt/...                        files that could not be read, kept for inspection
+
+The 20-digit prefix is when the batch's oldest data was logged (`write_entry(..., order_ns=)`), not
+when the file was written: a batch held up by retries while newer data overflowed to disk still
+sorts before that newer data, so replays go in logging order and the size limit drops the oldest
+data, never a stretch in the middle.
 
 Each file is gzip-compressed JSON::
 
@@ -23,6 +29,10 @@ twice.
 Files are written to a temporary name and renamed (`os.replace`), so a reader never sees a partial
 file after a crash of the writer (not fsync'ed: a power loss may lose the newest files).
 
+A finish marker (`write_finish`) records how a job ended (finished / failed / crashed) when the
+service could not be told, or when batches are left: `lldmon sync` applies it once every batch of the
+directory is delivered, so a run uploaded later does not stay "running".
+
 Size policy: `write_entry(..., max_bytes=N)` keeps the total size of the entries directly in `dir`
 at most N bytes by deleting the OLDEST entries first (the newest data is the most useful one for
 collapse detection); a new entry that alone is larger than N is not kept (and nothing else is
@@ -36,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gzip
+import hashlib
 import json
 import logging
 import os
@@ -62,10 +73,13 @@ __all__ = [
     "move_to",
     "outcome_for_status",
     "read_entry",
+    "read_finishes",
     "remove",
+    "remove_finish",
     "replay",
     "spool_size",
     "write_entry",
+    "write_finish",
 ]
 
 Kind = Literal["metrics", "actions"]
@@ -79,6 +93,9 @@ CORRUPT_DIR: Final = "corrupt"
 _TMP_PREFIX: Final = ".tmp-"
 _STALE_TMP_SECONDS: Final = 3600.0
 _NAME_RE: Final = re.compile(r"^\d{20}-[A-Za-z0-9._-]{1,64}\.json\.gz$")
+FINISH_FORMAT: Final = "lldmon-spool-finish"
+_FINISH_RE: Final = re.compile(r"^finish-[0-9a-f]{16}\.json$")
+FINISH_STATUSES: Final = ("finished", "failed", "crashed")
 _KINDS: Final = ("metrics", "actions")
 
 log = logging.getLogger("lldmon.spool")
@@ -184,25 +201,22 @@ def outcome_for_status(status: int) -> Outcome:
 # ---------------------------------------------------------------------------------------------- write
 
 
-def write_entry(directory: Path | str, entry: SpoolEntry, *, max_bytes: int | None = None) -> WriteReport:
-    """Write `entry` atomically as the newest file of `directory`, then enforce `max_bytes`.
+def write_entry(
+    directory: Path | str, entry: SpoolEntry, *, max_bytes: int | None = None, order_ns: int | None = None
+) -> WriteReport:
+    """Write `entry` atomically into `directory`, then enforce `max_bytes`.
 
-    Raises OSError if the file cannot be written (disk full, permissions); never leaves a partial file.
+    `order_ns` places it among the other entries: when its oldest data was logged (wall-clock ns);
+    None: now, i.e. as the newest entry. Raises OSError if the file cannot be written (disk full,
+    permissions); never leaves a partial file.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     data = gzip.compress(_encode(entry), compresslevel=6, mtime=0)
     with _lock:
-        path = directory / f"{_next_ns():020d}-{_safe_id(entry.batch_id)}{SUFFIX}"
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=_TMP_PREFIX, suffix=".part")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        position = _next_ns() if order_ns is None else max(0, min(int(order_ns), 10**20 - 1))
+        path = directory / f"{position:020d}-{_safe_id(entry.batch_id)}{SUFFIX}"
+        _write_atomically(directory, path, data)
         written = dataclasses.replace(entry, path=path)
         if max_bytes is None:
             return WriteReport(written, kept=True)
@@ -243,18 +257,34 @@ def _safe_id(batch_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", batch_id)[:64] or "batch"
 
 
+def _run_doc(run: RunIdentity) -> dict[str, Any]:
+    return {
+        "project": run.project,
+        "run_name": run.run_name,
+        "config": dict(run.config),
+        "tags": list(run.tags),
+    }
+
+
+def _run_of(run: Any) -> RunIdentity:
+    """The inverse of `_run_doc`; ValueError if `run` is not one."""
+    if not isinstance(run, dict) or not isinstance(run.get("run_name"), str):
+        raise ValueError("missing run identity")
+    project, config, tags = run.get("project"), run.get("config") or {}, run.get("tags") or []
+    if project is not None and not isinstance(project, str):
+        raise ValueError("project must be a string")
+    if not isinstance(config, dict) or not isinstance(tags, list):
+        raise ValueError("config must be an object and tags a list")
+    return RunIdentity(run_name=run["run_name"], project=project, config=config, tags=tuple(map(str, tags)))
+
+
 def _encode(entry: SpoolEntry) -> bytes:
     doc = {
         "format": FORMAT,
         "version": VERSION,
         "kind": entry.kind,
         "created_at": entry.created_at,
-        "run": {
-            "project": entry.run.project,
-            "run_name": entry.run.run_name,
-            "config": dict(entry.run.config),
-            "tags": list(entry.run.tags),
-        },
+        "run": _run_doc(entry.run),
         "body": dict(entry.body),
     }
     return json.dumps(doc, separators=(",", ":"), default=str).encode()
@@ -294,21 +324,15 @@ def read_entry(path: Path) -> SpoolEntry:
         raise ValueError("not an lldmon spool file")
     if doc.get("version") != VERSION:
         raise ValueError(f"unsupported spool version {doc.get('version')!r}")
-    kind, run, body = doc.get("kind"), doc.get("run"), doc.get("body")
+    kind, body = doc.get("kind"), doc.get("body")
     if kind not in _KINDS:
         raise ValueError(f"unknown kind {kind!r}")
-    if not isinstance(run, dict) or not isinstance(run.get("run_name"), str):
-        raise ValueError("missing run identity")
+    run = _run_of(doc.get("run"))
     if not isinstance(body, dict) or not isinstance(body.get("batch_id"), str):
         raise ValueError("missing body or batch_id")
-    project, config, tags = run.get("project"), run.get("config") or {}, run.get("tags") or []
-    if project is not None and not isinstance(project, str):
-        raise ValueError("project must be a string")
-    if not isinstance(config, dict) or not isinstance(tags, list):
-        raise ValueError("config must be an object and tags a list")
     created_at = doc.get("created_at")
     return SpoolEntry(
-        run=RunIdentity(run_name=run["run_name"], project=project, config=config, tags=tuple(map(str, tags))),
+        run=run,
         kind=kind,
         body=body,
         created_at=float(created_at) if isinstance(created_at, (int, float)) else 0.0,
@@ -431,12 +455,79 @@ def replay(
 
 
 def find_spool_dirs(root: Path | str) -> list[Path]:
-    """`root` and every directory below it that holds spool entries (not `rejected/`, `corrupt/`)."""
+    """`root` and every directory below it that holds spool entries or finish markers, or whose
+    `rejected/` holds entries (not `rejected/`, `corrupt/` themselves)."""
     root = Path(root)
     found: list[Path] = []
     for current, dirs, _files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d not in (REJECTED_DIR, CORRUPT_DIR))
         path = Path(current)
-        if _entry_paths(path):
+        if _entry_paths(path) or _finish_paths(path) or _entry_paths(path / REJECTED_DIR):
             found.append(path)
     return found
+
+
+# ------------------------------------------------------------------------------------ finish markers
+
+
+def _finish_path(directory: Path, run: RunIdentity) -> Path:
+    digest = hashlib.sha256(json.dumps([run.project, run.run_name]).encode()).hexdigest()[:16]
+    return directory / f"finish-{digest}.json"
+
+
+def _finish_paths(directory: Path) -> list[Path]:
+    try:
+        names = os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [directory / name for name in sorted(names) if _FINISH_RE.match(name)]
+
+
+def write_finish(directory: Path | str, run: RunIdentity, status: str) -> Path:
+    """Record (atomically) that `run` ended with `status`; replaces an earlier marker of that run."""
+    if status not in FINISH_STATUSES:
+        raise ValueError(f"status must be one of {list(FINISH_STATUSES)}, got {status!r}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    doc = {"format": FINISH_FORMAT, "version": VERSION, "status": status, "created_at": time.time()}
+    data = json.dumps({**doc, "run": _run_doc(run)}, default=str).encode()
+    path = _finish_path(directory, run)
+    _write_atomically(directory, path, data)
+    return path
+
+
+def _write_atomically(directory: Path, path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file and a rename: never a partial file."""
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=_TMP_PREFIX, suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def read_finishes(directory: Path | str) -> list[tuple[Path, RunIdentity, str]]:
+    """(path, run, status) of every finish marker in `directory`; unreadable ones are warned about."""
+    out: list[tuple[Path, RunIdentity, str]] = []
+    for path in _finish_paths(Path(directory)):
+        try:
+            doc = json.loads(path.read_bytes())
+            if not isinstance(doc, dict) or doc.get("format") != FINISH_FORMAT:
+                raise ValueError("not an lldmon finish marker")
+            if doc.get("status") not in FINISH_STATUSES:
+                raise ValueError(f"unknown status {doc.get('status')!r}")
+            out.append((path, _run_of(doc.get("run")), str(doc["status"])))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as exc:
+            _warn_corrupt(path, exc)
+    return out
+
+
+def remove_finish(directory: Path | str, run: RunIdentity) -> None:
+    """Delete `run`'s finish marker in `directory`, if any (the run is running again)."""
+    with contextlib.suppress(FileNotFoundError):
+        _finish_path(Path(directory), run).unlink()

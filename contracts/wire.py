@@ -20,6 +20,8 @@ import math
 from typing import Any, Final
 
 API_PREFIX: Final = "/api/v1"
+DEFAULT_PROJECT: Final = "default"
+"""The project of a run created without one (and without a project-scoped token)."""
 
 BATCH_ID_MAX_LENGTH: Final = 64
 

@@ -96,6 +96,12 @@ def list_runs(
     return [RunRow(run=r, open_alerts=counts[r.id]) for r in runs]
 
 
+def runs_named(state: AppState, principal: Principal, name: str, project: str | None = None) -> list[RunInfo]:
+    """The runs the principal may see with exactly this name (one per project at most), optionally of
+    one project."""
+    return state.runs.list(principal, RunFilter(project=project, name=name, limit=RUNS_LIMIT))
+
+
 def projects(state: AppState, principal: Principal) -> list[str]:
     return sorted({r.project for r in state.runs.list(principal, RunFilter(limit=RUNS_LIMIT))})
 

@@ -12,12 +12,17 @@ Conventions shared by every run-page panel:
 - phase bands (stagnation, decay, collapse) are layout rectangles behind the data, named
   `phase:<phase>`; each runs from its event's step to the next event's step (the last one to the
   run's last step);
-- a metric without data is named in an annotation "no data for <metric>" instead of failing.
+- a metric without data is named in an annotation "no data for <metric>" instead of failing;
+- text that comes from users or their runs (run and metric names, alert messages, directive reasons,
+  evidence) goes through `esc` first: plotly renders `<a href>`, `<b>` etc. in every text, so an
+  unescaped run name would be a link in a legend.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import html
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,8 +57,18 @@ QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
 HOVER_LINES = 8
 """Explanation lines in a marker's hover label (the timeline shows them all)."""
 
+LOG_LABELS = 6
+"""At most this many labels on a log axis spanning a decade or more (powers of ten only)."""
+LEGEND_ROW = 26
+"""Pixels below the x-axis title for a horizontal legend (histogram, quantiles)."""
+
 Figure = dict[str, Any]
 """A plotly figure as a dict: {"data": [trace, ...], "layout": {...}}."""
+
+
+def esc(text: object) -> str:
+    """User or run text as plotly text: shown literally, never as markup (plotly decodes entities)."""
+    return html.escape(str(text), quote=False)
 
 
 @dataclass(frozen=True)
@@ -137,7 +152,7 @@ def alert_markers(alerts: Sequence[AlertInfo]) -> list[Marker]:
             symbol=MARKER_SYMBOLS["alert"],
             hover="<br>".join(
                 [
-                    f"<b>alert {a.kind}</b> ({a.severity}, {a.status})",
+                    f"<b>alert {esc(a.kind)}</b> ({esc(a.severity)}, {esc(a.status)})",
                     f"steps {a.first_step}-{a.last_step}",
                     _wrap(a.message),
                     *_hover_lines(explain_finding(a.kind, "", a.evidence, a.first_step)),
@@ -160,7 +175,7 @@ def directive_markers(directives: Sequence[DirectiveInfo]) -> list[Marker]:
                 [
                     f"<b>directive v{d.version}: LLDS {'on' if d.llds_enabled else 'off'}</b>"
                     f" (λ={d.llds_lambda:g})",
-                    f"source: {d.source}",
+                    f"source: {esc(d.source)}",
                     _wrap(d.reason),
                 ]
             ),
@@ -285,7 +300,8 @@ def marker_trace(markers: Sequence[Marker]) -> dict[str, Any]:
 
 
 def _wrap(text: str, width: int = 90) -> str:
-    words, lines, line = text.split(), [], ""
+    """`text` escaped (see `esc`) and broken into hover-label lines."""
+    words, lines, line = esc(text).split(), [], ""
     for word in words:
         if line and len(line) + len(word) + 1 > width:
             lines.append(line)
@@ -306,6 +322,7 @@ def present_metrics(panel: Panel, series: Mapping[str, Series]) -> list[str]:
 
 
 def line_trace(name: str, series: Series, color: str) -> dict[str, Any]:
+    """`name` is shown as given: escape user text first."""
     return {
         "type": "scatter",
         "name": name,
@@ -315,7 +332,8 @@ def line_trace(name: str, series: Series, color: str) -> dict[str, Any]:
         "y": list(series.values),
         "mode": "lines",
         "line": {"width": 1.6, "color": color},
-        "hovertemplate": f"{name}<br>step %{{x}}: %{{y:.4g}}<extra></extra>",
+        # The name by reference: a "%{" in a metric or run name is not a template variable.
+        "hovertemplate": "%{fullData.name}<br>step %{x}: %{y:.4g}<extra></extra>",
     }
 
 
@@ -358,13 +376,46 @@ def missing_annotations(panel: Panel, present: Sequence[str]) -> list[dict[str, 
         return []
     if not present:
         return [
-            _note("<br>".join(f"no data for {name}" for name in missing), center=True, name="empty-state")
+            _note(
+                "<br>".join(f"no data for {esc(name)}" for name in missing), center=True, name="empty-state"
+            )
         ]
-    return [_note(", ".join(f"no data for {name}" for name in missing), center=False, name="missing")]
+    return [_note(", ".join(f"no data for {esc(name)}" for name in missing), center=False, name="missing")]
 
 
 def _title(text: str) -> dict[str, Any]:
     return {"text": text, "font": {"size": 14}, "x": 0.01, "xanchor": "left"}
+
+
+LogRange = tuple[float, float]
+"""(log10 of the smallest, log10 of the largest) positive finite value on a log axis."""
+
+
+def log_range(values: Iterable[float | None], current: LogRange | None = None) -> LogRange | None:
+    """The log10 extent of the positive finite `values`, widened by `current`; None if there are none."""
+    array = np.asarray(list(values), dtype=np.float64)
+    array = array[np.isfinite(array) & (array > 0)]
+    if not array.size:
+        return current
+    lo, hi = float(np.log10(array.min())), float(np.log10(array.max()))
+    return (lo, hi) if current is None else (min(lo, current[0]), max(hi, current[1]))
+
+
+def log_dtick(extent: LogRange | None) -> int | None:
+    """Decades between labels of a log axis: over most of a decade or more, plotly's own ticks label
+    every digit or the 2s and 5s between the powers of ten (unreadable at a panel's height), so label
+    powers of ten only, at most LOG_LABELS of them; None leaves plotly's ticks (inside one decade)."""
+    if extent is None or extent[1] - extent[0] < 0.8:
+        return None
+    return max(1, math.ceil((extent[1] - extent[0]) / (LOG_LABELS - 1)))
+
+
+def _y_axis(log: bool, extent: LogRange | None, **extra: Any) -> dict[str, Any]:
+    axis: dict[str, Any] = {"type": "log" if log else "linear", "gridcolor": "#eef0f3", **extra}
+    dtick = log_dtick(extent) if log else None
+    if dtick is not None:
+        axis["dtick"] = dtick
+    return axis
 
 
 def _figure(data: list[dict[str, Any]], layout: dict[str, Any]) -> Figure:
@@ -383,9 +434,10 @@ def panel_figure(
     """One run-page panel: a line per metric of the panel that has data, phase bands, event markers."""
     present = present_metrics(panel, series)
     traces = [
-        line_trace(name, series[name], SERIES_COLORS[panel.metrics.index(name) % len(SERIES_COLORS)])
+        line_trace(esc(name), series[name], SERIES_COLORS[panel.metrics.index(name) % len(SERIES_COLORS)])
         for name in present
     ]
+    extent = log_range(v for name in present for v in series[name].values) if panel.log_y else None
     traces.append(marker_trace(markers))
     return _figure(
         traces,
@@ -396,11 +448,7 @@ def panel_figure(
             "legend": {"orientation": "h", "y": -0.12, "x": 0, "font": {"size": 11}},
             "hovermode": "closest",
             "xaxis": {"gridcolor": "#eef0f3", "zeroline": False},
-            "yaxis": {
-                "type": "log" if panel.log_y else "linear",
-                "title": {"text": panel.y_title},
-                "gridcolor": "#eef0f3",
-            },
+            "yaxis": _y_axis(panel.log_y, extent, title={"text": panel.y_title}),
             "yaxis2": {"overlaying": "y", "range": [0, 1], "visible": False, "fixedrange": True},
             "shapes": band_shapes(bands),
             "annotations": missing_annotations(panel, present),
@@ -411,16 +459,16 @@ def panel_figure(
 
 
 def empty_figure(message: str, height: int = PANEL_HEIGHT, title: str = "") -> Figure:
-    """A placeholder figure that says why there is nothing to show."""
+    """A placeholder figure that says why there is nothing to show (`message` and `title` are escaped)."""
     return _figure(
         [],
         {
-            "title": _title(title),
+            "title": _title(esc(title)),
             "height": height,
             "margin": {"l": 30, "r": 15, "t": 40, "b": 30},
             "xaxis": {"visible": False},
             "yaxis": {"visible": False},
-            "annotations": [_note(message, center=True, name="empty-state")],
+            "annotations": [_note(esc(message), center=True, name="empty-state")],
         },
     )
 
@@ -445,6 +493,12 @@ def _zero_line(axis: str) -> dict[str, Any]:
     if axis == "x":
         return {**line, "xref": "x", "yref": "paper", "x0": 0, "x1": 0, "y0": 0, "y1": 1}
     return {**line, "xref": "paper", "yref": "y", "x0": 0, "x1": 1, "y0": 0, "y1": 0}
+
+
+def _legend_below_axis_title() -> dict[str, Any]:
+    """A horizontal legend in its own row at the figure's bottom edge (pixels, not a fraction of the
+    plot height, which put it on top of the x-axis title), below the margin's ticks and title."""
+    return {"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom", "x": 0, "xanchor": "left"}
 
 
 def delta_histogram(columns: Mapping[str, Sequence[Any]], step: int | None) -> Figure:
@@ -478,10 +532,10 @@ def delta_histogram(columns: Mapping[str, Sequence[Any]], step: int | None) -> F
             "title": _title(f"{title} ({int(at.sum())} actions)"),
             "barmode": "overlay",
             "height": ACTION_HEIGHT,
-            "margin": {"l": 50, "r": 15, "t": 40, "b": 35},
+            "margin": {"l": 50, "r": 15, "t": 40, "b": 40 + LEGEND_ROW},
             "xaxis": {"title": {"text": "D_action = Σ (log π_new − log π_old)   < 0: likelihood fell"}},
             "yaxis": {"title": {"text": "actions"}},
-            "legend": {"orientation": "h", "y": -0.25},
+            "legend": _legend_below_axis_title(),
             "shapes": [_zero_line("x")],
         },
     )
@@ -545,10 +599,10 @@ def delta_quantiles(columns: Mapping[str, Sequence[Any]], positive_only: bool = 
         {
             "title": _title(title),
             "height": ACTION_HEIGHT,
-            "margin": {"l": 50, "r": 15, "t": 40, "b": 35},
+            "margin": {"l": 50, "r": 15, "t": 40, "b": 40 + LEGEND_ROW},
             "xaxis": {"title": {"text": "step"}},
             "yaxis": {"title": {"text": "D_action"}},
-            "legend": {"orientation": "h", "y": -0.25},
+            "legend": _legend_below_axis_title(),
             "shapes": [_zero_line("y")],
         },
     )
@@ -565,9 +619,14 @@ class CompareRun:
 
 
 def compare_figure(metric: str, runs: Sequence[CompareRun]) -> Figure:
-    """One metric of several runs overlaid, aligned by step; dashed line where each run collapsed."""
+    """One metric of several runs overlaid, aligned by step; dashed line where each run collapsed.
+
+    `metric` and the runs' labels are user text: escaped here."""
     if not any(r.series is not None and r.series.steps for r in runs):
         return empty_figure(f"no data for {metric}", title=metric, height=COMPARE_HEIGHT)
+    runs = [CompareRun(esc(r.label), r.series, r.collapse_step) for r in runs]
+    log = metric in LOG_METRICS
+    extent = log_range(v for r in runs if r.series is not None for v in r.series.values) if log else None
     traces: list[dict[str, Any]] = []
     shapes: list[dict[str, Any]] = []
     annotations: list[dict[str, Any]] = []
@@ -604,16 +663,16 @@ def compare_figure(metric: str, runs: Sequence[CompareRun]) -> Figure:
     missing = [r.label for r in runs if r.series is None or not r.series.steps]
     if missing:
         annotations.append(
-            _note(f"no data for {metric} in " + ", ".join(missing), center=False, name="missing")
+            _note(f"no data for {esc(metric)} in " + ", ".join(missing), center=False, name="missing")
         )
     return _figure(
         traces,
         {
-            "title": _title(metric),
+            "title": _title(esc(metric)),
             "height": COMPARE_HEIGHT,
             "margin": {"l": 55, "r": 15, "t": 40, "b": 35},
             "xaxis": {"gridcolor": "#eef0f3"},
-            "yaxis": {"type": "log" if metric in LOG_METRICS else "linear", "gridcolor": "#eef0f3"},
+            "yaxis": _y_axis(log, extent),
             "legend": {"orientation": "h", "y": -0.2},
             "hovermode": "x unified",
             "shapes": shapes,

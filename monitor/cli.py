@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.console import Console
@@ -12,10 +14,11 @@ from rich.table import Table
 
 from contracts.directive import DEFAULT_LLDS_LAMBDA
 from monitor.lab.cli import lab_app as _lab_app
+from monitor.serving import DEFAULT_KEEP_ALIVE, DEFAULT_REQUEST_TIMEOUT
 
 app = typer.Typer(help="lldmon: collapse diagnostics for GRPO agent training.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema migrations.", no_args_is_help=True)
-token_app = typer.Typer(help="API tokens (auth is on once one exists).", no_args_is_help=True)
+token_app = typer.Typer(help="API tokens (auth is on once one was created).", no_args_is_help=True)
 runs_app = typer.Typer(help="Inspect runs.", no_args_is_help=True)
 alerts_app = typer.Typer(help="List and acknowledge alerts.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
@@ -25,6 +28,11 @@ app.add_typer(runs_app, name="runs")
 app.add_typer(_lab_app, name="lab")
 
 console = Console()
+# Enumerated options are Literal choices: a typo is a one-line usage error (exit 2), never a traceback or
+# an empty answer. The same values as contracts.wire's RUN_STATUSES and DIRECTIVE_POLICIES (a test checks).
+RunStatus = Literal["running", "finished", "failed", "crashed"]
+AlertStatus = Literal["open", "acknowledged", "resolved"]
+Policy = Literal["off", "alert", "auto"]
 
 DatabaseUrl = Annotated[
     str | None,
@@ -54,35 +62,64 @@ def serve(
     database_url: DatabaseUrl = None,
     data_dir: DataDir = None,
     host: Annotated[str | None, typer.Option(envvar="LLDMON_HOST")] = None,
-    port: Annotated[int | None, typer.Option(envvar="LLDMON_PORT")] = None,
-    workers: Annotated[int, typer.Option(help="Worker processes (PostgreSQL only).")] = 1,
+    port: Annotated[
+        int | None, typer.Option(envvar="LLDMON_PORT", min=0, max=65535, help="0: any free port.")
+    ] = None,
+    workers: Annotated[int, typer.Option(min=1, help="Worker processes (PostgreSQL only).")] = 1,
+    timeout_keep_alive: Annotated[
+        int,
+        typer.Option(
+            envvar="LLDMON_TIMEOUT_KEEP_ALIVE",
+            min=1,
+            help="Seconds an idle keep-alive connection stays open.",
+        ),
+    ] = DEFAULT_KEEP_ALIVE,
+    timeout_request: Annotated[
+        float,
+        typer.Option(
+            envvar="LLDMON_TIMEOUT_REQUEST",
+            min=0.1,
+            help="Seconds a client has to send a request head, and the longest pause inside a body.",
+        ),
+    ] = DEFAULT_REQUEST_TIMEOUT,
 ) -> None:
-    """Run the API (upgrades an empty or outdated embedded SQLite first)."""
-    import uvicorn
+    """Run the API (upgrades an empty or outdated embedded SQLite first).
 
+    The port is bound before the service is announced: a busy port is an error here, not in a log.
+    """
     from monitor.api.app import SchemaOutdated, create_app
+    from monitor.serving import bind
+    from monitor.serving import serve as serve_app
 
     settings = _settings(database_url, data_dir, host=host, port=port)
+    if workers > 1 and settings.is_sqlite:
+        console.print("[red]error:[/red] --workers > 1 needs PostgreSQL (SQLite allows one writer)")
+        raise typer.Exit(2)
     try:
         application = create_app(settings)
     except SchemaOutdated as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
-    url = f"http://{settings.host}:{settings.port}"
-    console.print(f"lldmon serving on [bold]{url}[/bold]  (API docs: {url}/docs)")
-    console.print(f"database: {_redact(settings.resolved_database_url())}")
-    if workers > 1:
-        if settings.is_sqlite:
-            console.print("[red]error:[/red] --workers > 1 needs PostgreSQL (SQLite allows one writer)")
-            raise typer.Exit(2)
+    try:
+        sock = bind(settings.host, settings.port)
+    except OSError as exc:
         application.state.lldmon.db.dispose()
-        # Worker processes build their settings from the environment (monitor.api.factory).
-        os.environ["LLDMON_DATABASE_URL"] = settings.resolved_database_url()
-        uvicorn.run(
-            "monitor.api.factory:app", factory=True, host=settings.host, port=settings.port, workers=workers
-        )
-        return
-    uvicorn.run(application, host=settings.host, port=settings.port, log_level=settings.log_level)
+        reason = (exc.strerror or str(exc)).lower()
+        console.print(f"[red]error:[/red] cannot listen on {settings.host}:{settings.port}: {reason}")
+        raise typer.Exit(2) from None
+    host_text = f"[{settings.host}]" if ":" in settings.host else settings.host
+    url = f"http://{host_text}:{sock.getsockname()[1]}"
+    console.print(f"lldmon serving on [bold]{url}[/bold]  (API docs: {url}/docs)", soft_wrap=True)
+    console.print(f"database: {_redact(settings.resolved_database_url())}", soft_wrap=True)
+    timeouts: dict[str, Any] = {"keep_alive": timeout_keep_alive, "request_timeout": timeout_request}
+    with sock:
+        if workers > 1:
+            application.state.lldmon.db.dispose()
+            # Worker processes build their settings from the environment (monitor.api.factory).
+            os.environ["LLDMON_DATABASE_URL"] = settings.resolved_database_url()
+            serve_app("monitor.api.factory:app", sock, factory=True, workers=workers, **timeouts)
+            return
+        serve_app(application, sock, log_level=settings.log_level, **timeouts)
 
 
 @db_app.command("upgrade")
@@ -163,16 +200,64 @@ def token_revoke(token_id: int, database_url: DatabaseUrl = None, data_dir: Data
     state = _services(database_url, data_dir)
     try:
         state.auth.revoke(token_id)
+        status = state.auth.status()
     except NotFound as exc:
         console.print(f"[red]error:[/red] {exc.message}")
         raise typer.Exit(1) from None
-    console.print(f"token {token_id} revoked")
+    finally:
+        state.db.dispose()
+    typer.echo(f"token {token_id} revoked")
+    if not status.active:  # the last one: say that the API is now locked, not open
+        typer.echo(status.describe())
+
+
+auth_app = typer.Typer(help="Whether the API needs tokens; switching auth off again.", no_args_is_help=True)
+app.add_typer(auth_app, name="auth")
+
+
+@auth_app.command("status")
+def auth_status(database_url: DatabaseUrl = None, data_dir: DataDir = None) -> None:
+    """Say whether auth is on and why."""
+    state = _services(database_url, data_dir)
+    try:
+        typer.echo(state.auth.status().describe())
+    finally:
+        state.db.dispose()
+
+
+@auth_app.command("off")
+def auth_off(
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Open the API to anyone who can reach it: deletes the revoked tokens (refused while one is active).
+
+    Revoking every token keeps auth on; this is the only way to switch it off again.
+    """
+    from monitor.errors import Conflict
+
+    state = _services(database_url, data_dir)
+    try:
+        status = state.auth.status()
+        if not status.enabled:
+            typer.echo("auth is already off: no token exists")
+            return
+        if not (yes or status.active):  # with an active token turn_off refuses: nothing to confirm
+            typer.confirm("Open the API to anyone who can reach it?", abort=True)
+        deleted = state.auth.turn_off()
+    except Conflict as exc:
+        typer.echo(f"error: {exc.message}", err=True)
+        raise typer.Exit(2) from None
+    finally:
+        state.db.dispose()
+    typer.echo(f"auth is off: deleted {deleted} revoked token(s); the API is open to anyone who can reach it")
 
 
 @runs_app.command("list")
 def runs_list(
     project: Annotated[str | None, typer.Option()] = None,
-    status: Annotated[str | None, typer.Option()] = None,
+    status: Annotated[RunStatus | None, typer.Option(help="Only runs in this status.")] = None,
     tag: Annotated[str | None, typer.Option()] = None,
     database_url: DatabaseUrl = None,
     data_dir: DataDir = None,
@@ -181,7 +266,9 @@ def runs_list(
 
     state = _services(database_url, data_dir)
     table = Table("id", "project", "name", "status", "phase", "last step", "last seen", "tags")
-    for r in state.runs.list(Principal(), RunFilter(project=project, status=status, tag=tag)):
+    with _closing(state):
+        runs = state.runs.list(Principal(), RunFilter(project=project, status=status, tag=tag))
+    for r in runs:
         table.add_row(
             str(r.id),
             r.project,
@@ -193,6 +280,23 @@ def runs_list(
             ",".join(r.tags),
         )
     console.print(table)
+
+
+@contextmanager
+def _closing(state: Any) -> Iterator[None]:
+    """Close the database when the command is done; a domain error (unknown run or alert, a value out
+    of bounds) becomes one line: exit 2 for bad input, 1 otherwise."""
+    from rich.markup import escape
+
+    from monitor.errors import InvalidInput, LLDMonError
+
+    try:
+        yield
+    except LLDMonError as exc:
+        console.print(f"[red]error:[/red] {escape(exc.message)}")
+        raise typer.Exit(2 if isinstance(exc, InvalidInput) else 1) from None
+    finally:
+        state.db.dispose()
 
 
 def _run_id(state: Any, ref: str, project: str | None = None) -> int:
@@ -333,7 +437,7 @@ def _export(
 @alerts_app.command("list")
 def alerts_list(
     run: Annotated[str, typer.Argument(help="Run id or unique name.")],
-    status: Annotated[str | None, typer.Option(help="open, acknowledged or resolved.")] = None,
+    status: Annotated[AlertStatus | None, typer.Option(help="Only alerts in this status.")] = None,
     database_url: DatabaseUrl = None,
     data_dir: DataDir = None,
 ) -> None:
@@ -341,8 +445,9 @@ def alerts_list(
 
     state = _services(database_url, data_dir)
     table = Table("id", "severity", "kind", "status", "steps", "message")
-    for a in state.alerts.list(Principal(), _run_id(state, run), status):
-        table.add_row(str(a.id), a.severity, a.kind, a.status, f"{a.first_step}-{a.last_step}", a.message)
+    with _closing(state):
+        for a in state.alerts.list(Principal(), _run_id(state, run), status):
+            table.add_row(str(a.id), a.severity, a.kind, a.status, f"{a.first_step}-{a.last_step}", a.message)
     console.print(table)
 
 
@@ -355,42 +460,35 @@ def alerts_ack(
 ) -> None:
     """Acknowledge an alert: no more re-notifications until it resolves."""
     from monitor.domain import Principal
-    from monitor.errors import NotFound
 
     state = _services(database_url, data_dir)
-    try:
+    with _closing(state):
         alert = state.alerts.acknowledge(Principal(), _run_id(state, run), alert_id)
-    except NotFound as exc:
-        console.print(f"[red]error:[/red] {exc.message}")
-        raise typer.Exit(1) from None
     console.print(f"alert {alert.id} ({alert.kind}) {alert.status}")
 
 
 @app.command()
 def directive(
     run: Annotated[str, typer.Argument(help="Run id or unique name.")],
-    llds: Annotated[str | None, typer.Option("--llds", help="on or off.")] = None,
+    llds: Annotated[Literal["on", "off"] | None, typer.Option("--llds")] = None,
     lam: Annotated[
         float | None, typer.Option("--lambda", help=f"LLDS weight (paper: {DEFAULT_LLDS_LAMBDA}).")
     ] = None,
-    policy: Annotated[str | None, typer.Option(help="off, alert or auto.")] = None,
+    policy: Annotated[Policy | None, typer.Option(help="How far lldmon may steer the trainer.")] = None,
     reason: Annotated[str, typer.Option(help="Recorded with the change.")] = "",
     database_url: DatabaseUrl = None,
     data_dir: DataDir = None,
 ) -> None:
     """Show or override what the trainer is told (e.g. `--llds on --lambda 0.3`) and the run's policy."""
     from monitor.domain import Principal
-    from monitor.errors import LLDMonError
 
     state = _services(database_url, data_dir)
-    run_id = _run_id(state, run)
-    try:
+    with _closing(state):
+        run_id = _run_id(state, run)
         if policy is not None:
             state.runs.set_policy(Principal(), run_id, policy)
         if llds is not None or lam is not None:
             current = state.query.directive(Principal(), run_id)
-            if llds not in (None, "on", "off"):
-                raise typer.BadParameter("--llds must be on or off")
             enabled = current.llds_enabled if llds is None else llds == "on"
             state.query.set_directive(
                 Principal(),
@@ -401,9 +499,6 @@ def directive(
             )
         current = state.query.directive(Principal(), run_id)
         run_info = state.runs.get(Principal(), run_id)
-    except LLDMonError as exc:
-        console.print(f"[red]error:[/red] {exc.message}")
-        raise typer.Exit(1) from None
     console.print(
         f"run {run_id}: policy {run_info.directive_policy}; directive v{current.version}: "
         f"LLDS {'on' if current.llds_enabled else 'off'}, lambda {current.llds_lambda} "
@@ -428,10 +523,12 @@ def sync(
     """Upload batches a training job spooled while the service was unreachable (oldest first).
 
     Idempotent: every batch keeps its batch_id, so one the service already has is a duplicate.
-    Stops at the first batch that cannot be delivered now; exit code 1 if any are left.
+    Batches the service once refused (`rejected/`) are offered again first, and any batch over the
+    service's body limit is split, so one refused only for its size is not lost; one still refused
+    stays in `rejected/`. When every batch of a directory is delivered, its runs get the final
+    status their job recorded (finished / failed / crashed). Stops at the first batch that cannot
+    be delivered now; exit code 1 if any are left.
     """
-    import gzip
-
     import httpx
 
     from contracts import spool
@@ -441,77 +538,177 @@ def sync(
         console.print(f"[red]error:[/red] {directory} is not a directory")
         raise typer.Exit(2)
     dirs = spool.find_spool_dirs(directory)
-    run_ids: dict[tuple[str | None, str], int] = {}
-    counts = {"sent": 0, "duplicates": 0, "rejected": 0, "corrupt": 0}
-    problem: list[str] = []
     headers = {"authorization": f"Bearer {token}"} if token else {}
-
-    with httpx.Client(base_url=url.rstrip("/") + API_PREFIX, headers=headers, timeout=timeout) as http:
-
-        def run_id_of(run: spool.RunIdentity) -> int | str:
-            """The run's id (an existing run is looked up, not re-registered), or an error text."""
-            if run.key in run_ids:
-                return run_ids[run.key]
-            if run.project is not None:
-                offset = 0
-                while True:
-                    page = http.get("/runs", params={"project": run.project, "limit": 1000, "offset": offset})
-                    if not page.is_success:
-                        break
-                    found = [r["id"] for r in page.json() if r.get("name") == run.run_name]
-                    if found:
-                        run_ids[run.key] = int(found[0])
-                        return run_ids[run.key]
-                    if len(page.json()) < 1000:
-                        break
-                    offset += 1000
-            registered = http.post("/runs", json=run.register_body())
-            if not registered.is_success:
-                return (
-                    f"registering run {run.run_name!r}: HTTP {registered.status_code} {registered.text[:300]}"
-                )
-            run_ids[run.key] = int(registered.json()["id"])
-            return run_ids[run.key]
-
-        def send(entry: spool.SpoolEntry) -> spool.Outcome:
-            try:
-                run_id = run_id_of(entry.run)
-                if isinstance(run_id, str):
-                    problem[:] = [run_id]
-                    return "retry"
-                response = http.post(
-                    f"/runs/{run_id}/{entry.kind}",
-                    content=gzip.compress(entry.body_bytes()),
-                    headers={"content-type": "application/json", "content-encoding": "gzip"},
-                )
-            except httpx.HTTPError as exc:
-                problem[:] = [f"{type(exc).__name__}: {exc}"]
-                return "retry"
-            outcome = spool.outcome_for_status(response.status_code)
-            if outcome == "ok":
-                counts["duplicates" if response.json().get("duplicate") else "sent"] += 1
-                return outcome
-            problem[:] = [f"batch {entry.batch_id}: HTTP {response.status_code} {response.text[:300]}"]
-            if response.status_code == 404:
-                run_ids.pop(entry.run.key, None)
-            return outcome
-
+    stopped = False
+    finished: set[tuple[str | None, str]] = set()
+    base_url = url.strip().rstrip("/").removesuffix(API_PREFIX) + API_PREFIX  # ".../api/v1" works too
+    with httpx.Client(base_url=base_url, headers=headers, timeout=timeout) as http:
+        uploader = _SyncUploader(http, has_token=token is not None)
         for path in dirs:
-            report = spool.replay(path, send)
-            counts["rejected"] += report.rejected
-            counts["corrupt"] += report.corrupt
+            stopped = not uploader.resend_rejected(path)
+            if stopped:
+                break
+            report = spool.replay(path, uploader.send)
+            uploader.counts["rejected"] += report.rejected
+            uploader.counts["corrupt"] += report.corrupt
             if report.rejected:
                 console.print(f"{report.rejected} rejected batches kept in {path / spool.REJECTED_DIR}")
             if report.stopped:
+                stopped = True
                 break
+            applied = uploader.apply_finishes(path)
+            if applied is None:
+                stopped = True
+                break
+            finished |= applied
+    counts = uploader.counts
     remaining = sum(spool.spool_size(path)[0] for path in dirs)
     console.print(
         f"sent {counts['sent']}, duplicates {counts['duplicates']}, rejected {counts['rejected']}, "
         f"remaining {remaining}" + (f", corrupt {counts['corrupt']}" if counts["corrupt"] else "")
     )
-    if remaining:
-        console.print(f"[yellow]stopped:[/yellow] {problem[0] if problem else 'not delivered'}")
+    for key in [] if stopped else sorted(uploader.created - finished, key=str):
+        console.print(
+            f"run {key[1]!r}: the spool holds no final status (its job did not close its client): "
+            "left 'running'"
+        )
+    if remaining or stopped:
+        console.print(f"[yellow]stopped:[/yellow] {uploader.problem or 'not delivered'}")
         raise typer.Exit(1)
+
+
+class _SyncUploader:
+    """`lldmon sync`'s side of the wire: run ids by (project, name), batches cut to the service's
+    body limit (the one a 413 names), rejected batches offered again, finish markers applied."""
+
+    def __init__(self, http: Any, *, has_token: bool) -> None:
+        from contracts import split
+
+        self.http = http
+        self.has_token = has_token
+        self.run_ids: dict[tuple[str | None, str], int] = {}
+        self.created: set[tuple[str | None, str]] = set()
+        """Runs this sync registered: their data arrived only through it."""
+        self.counts = {"sent": 0, "duplicates": 0, "rejected": 0, "corrupt": 0}
+        self.problem = ""
+        self.max_bytes = split.DEFAULT_MAX_BODY_BYTES
+
+    def run_id(self, run: Any) -> int | None:
+        """The run's id (an existing run is looked up, not re-registered: that would make a finished
+        run `running` again), or None with `problem` set."""
+        from contracts.wire import DEFAULT_PROJECT, encode_json
+
+        if run.key in self.run_ids:
+            return self.run_ids[run.key]
+        params: dict[str, Any] = {"name": run.run_name, "limit": 2}
+        if run.project is not None:
+            params["project"] = run.project
+        elif not self.has_token:  # registered without a project and a token: the default project
+            params["project"] = DEFAULT_PROJECT
+        page = self.http.get("/runs", params=params)
+        found = [r["id"] for r in page.json() if r.get("name") == run.run_name] if page.is_success else []
+        if len(found) == 1:
+            self.run_ids[run.key] = int(found[0])
+            return self.run_ids[run.key]
+        registered = self.http.post("/runs", json=encode_json(run.register_body()))  # NaN as "NaN"
+        if not registered.is_success:
+            self.problem = (
+                f"registering run {run.run_name!r}: HTTP {registered.status_code} {registered.text[:300]}"
+            )
+            return None
+        if registered.status_code == 201:
+            self.created.add(run.key)
+        self.run_ids[run.key] = int(registered.json()["id"])
+        return self.run_ids[run.key]
+
+    def send(self, entry: Any) -> Any:
+        """One spool entry, in parts if it is over the body limit: "ok", "retry" or "reject"."""
+        import gzip
+
+        import httpx
+
+        from contracts import split, spool
+
+        try:
+            run_id = self.run_id(entry.run)
+            if run_id is None:
+                return "retry"
+            pending = split.split_body(entry.kind, entry.body, self.max_bytes)
+            while pending:
+                body, raw = pending.pop(0)
+                response = self.http.post(
+                    f"/runs/{run_id}/{entry.kind}",
+                    content=gzip.compress(raw),
+                    headers={"content-type": "application/json", "content-encoding": "gzip"},
+                )
+                if response.status_code == 413:
+                    limit = split.limit_from_error(response.text) or len(raw) // 2
+                    self.max_bytes = min(self.max_bytes, max(1024, limit))
+                    parts = split.split_body(entry.kind, body, self.max_bytes)
+                    if len(parts) > 1:
+                        pending[:0] = parts
+                        continue
+                outcome = spool.outcome_for_status(response.status_code)
+                if outcome == "ok":
+                    self.counts["duplicates" if response.json().get("duplicate") else "sent"] += 1
+                    continue
+                self.problem = f"batch {entry.batch_id}: HTTP {response.status_code} {response.text[:300]}"
+                if response.status_code == 404:
+                    self.run_ids.pop(entry.run.key, None)
+                return outcome
+        except httpx.HTTPError as exc:
+            self.problem = f"{type(exc).__name__}: {exc}"
+            return "retry"
+        return "ok"
+
+    def resend_rejected(self, path: Path) -> bool:
+        """Offer `path/rejected/` again (older than the spool: first); False if the service is out of
+        reach. Delivered batches leave `rejected/`; those refused again stay and are listed."""
+        from contracts import spool
+
+        rejected_dir = path / spool.REJECTED_DIR
+        delivered, refused = 0, []
+        for entry in spool.iter_entries(rejected_dir):
+            outcome = self.send(entry)
+            if outcome == "retry":
+                return False
+            if outcome == "ok":
+                spool.remove(entry)
+                delivered += 1
+            else:
+                refused.append(self.problem)
+        if delivered or refused:
+            console.print(
+                f"{rejected_dir}: {delivered} earlier rejected batches delivered, {len(refused)} refused "
+                "again and kept" + "".join(f"\n  {reason}" for reason in refused[:20])
+            )
+        return True
+
+    def apply_finishes(self, path: Path) -> set[tuple[str | None, str]] | None:
+        """The final status of each run with a finish marker in `path` (all its batches are
+        delivered); the runs done, or None if the service could not be told."""
+        import httpx
+
+        from contracts import spool
+
+        done: set[tuple[str | None, str]] = set()
+        for marker, run, status in spool.read_finishes(path):
+            try:
+                run_id = self.run_id(run)
+                if run_id is None:
+                    return None
+                response = self.http.post(f"/runs/{run_id}/finish", json={"status": status})
+            except httpx.HTTPError as exc:
+                self.problem = f"{type(exc).__name__}: {exc}"
+                return None
+            if not response.is_success:
+                self.problem = f"marking run {run.run_name!r} {status}: HTTP {response.status_code} "
+                self.problem += response.text[:300]
+                return None
+            marker.unlink(missing_ok=True)
+            done.add(run.key)
+            console.print(f"run {run.run_name!r} (id {run_id}): {status}")
+        return done
 
 
 @app.command("import")
@@ -525,7 +722,8 @@ def import_logs(
         str,
         typer.Option(
             "--format",
-            help="auto, verl-jsonl, verl-console, trl-log, trl-state, wandb-csv, csv, ms-swift or tensorboard.",
+            help="auto, verl-jsonl, verl-console, trl-log, trl-state, wandb-csv, csv, ms-swift, tensorboard "
+            "or lldmon (what lldmon export writes; auto finds it for Parquet).",
         ),
     ] = "auto",
     strict: Annotated[bool, typer.Option(help="Fail on the first malformed line; write nothing.")] = False,
@@ -534,10 +732,13 @@ def import_logs(
     ] = False,
     replace: Annotated[bool, typer.Option(help="Delete the run's metrics, phases and alerts first.")] = False,
     first_step: Annotated[
-        list[int] | None, typer.Option(help="trl-log: step of each file's first dict (once per file).")
+        list[int] | None,
+        typer.Option(min=0, help="trl-log: step of each file's first dict (once per file)."),
     ] = None,
     tag: Annotated[list[str] | None, typer.Option(help="Tag the run (repeatable).")] = None,
-    chunk_steps: Annotated[int | None, typer.Option(help="Steps per ingest batch (default 50).")] = None,
+    chunk_steps: Annotated[
+        int | None, typer.Option(min=1, help="Steps per ingest batch (default 50).")
+    ] = None,
     notify: Annotated[bool, typer.Option(help="Send alerts to the configured webhooks too.")] = False,
     database_url: DatabaseUrl = None,
     data_dir: DataDir = None,
@@ -728,4 +929,63 @@ def _redact(url: str) -> str:
 
 
 def main() -> None:
-    app()
+    """The `lldmon` entry point. Commands import their extra's packages when they run, so a command
+    whose extra is not installed ends in one line naming it, not in a ModuleNotFoundError traceback."""
+    try:
+        app()
+    except ModuleNotFoundError as exc:
+        extra = _extra_providing(exc.name or "")
+        if extra is None:
+            raise
+        from rich.markup import escape
+
+        install = f"pip install 'lldmon[{extra}] @ <wheel, checkout or git URL>'"
+        console.print(
+            f"[red]error:[/red] {escape(_command_path())} needs lldmon's {extra} extra ({exc.name!r} is "
+            f"not installed): {escape(install)}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise SystemExit(1) from None
+
+
+def _command_path() -> str:
+    """`lldmon runs list` from sys.argv (the sub-command names only)."""
+    import sys
+
+    words = ["lldmon"]
+    command: Any = typer.main.get_command(app)
+    for arg in sys.argv[1:]:
+        commands = getattr(command, "commands", {})  # a group (Typer's does not subclass click.Group)
+        if arg not in commands:
+            break
+        words.append(arg)
+        command = commands[arg]
+    return " ".join(words)
+
+
+_TEST_EXTRAS = ("verl-test", "dev")
+
+
+def _extra_providing(module: str) -> str | None:
+    """The first extra in lldmon's metadata that installs top-level `module` (distribution
+    `prometheus-client` -> module `prometheus_client`), or None."""
+    import importlib.metadata
+    import re
+
+    try:
+        requirements = importlib.metadata.requires("lldmon") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    top = module.partition(".")[0].lower()
+    for requirement in requirements:
+        name = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement)
+        extra = re.search(r"""extra\s*==\s*["']([^"']+)["']""", requirement)
+        if (
+            name
+            and extra
+            and extra.group(1) not in _TEST_EXTRAS
+            and re.sub(r"[-.]+", "_", name.group(1)).lower() == top
+        ):
+            return extra.group(1)
+    return None

@@ -39,6 +39,8 @@ ALERT_LOGGER: Final = "lldmon.alerts"
 EXIT_MALFORMED: Final = 1
 EXIT_REFUSED: Final = 1
 EXIT_USAGE: Final = 2
+EXIT_INTERRUPTED: Final = 130
+"""128 + SIGINT, as a shell reports a command stopped by Ctrl-C."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,9 @@ def run_import(options: ImportOptions, console: Console, open_state: Callable[[]
         return _fail(console, f"{exc} (--strict: nothing was written)", EXIT_MALFORMED)
     except (LogImportError, OSError) as exc:
         return _fail(console, str(exc), EXIT_USAGE)
+    except KeyboardInterrupt:
+        console.print("interrupted while reading the input: nothing was written", highlight=False)
+        return EXIT_INTERRUPTED
 
     for diagnostic in log.diagnostics[:MAX_WARNINGS]:
         console.print(f"[yellow]warning:[/yellow] {escape(str(diagnostic))}", highlight=False, soft_wrap=True)
@@ -93,15 +98,47 @@ def run_import(options: ImportOptions, console: Console, open_state: Callable[[]
     if log.n_points == 0:
         return _fail(console, "no metric values found in the input: nothing to import", EXIT_USAGE)
 
-    state = open_state()
+    from monitor.services.importing import ImportInterrupted
+
+    try:
+        state = open_state()
+    except KeyboardInterrupt:
+        console.print("interrupted while opening the database: nothing was written", highlight=False)
+        return EXIT_INTERRUPTED
     try:
         with _quiet_alert_log(not options.notify):
             return _write(options, log, fmt, len(files), state, console)
     except LLDMonError as exc:
         return _fail(console, exc.message, EXIT_REFUSED)
+    except ImportInterrupted as stop:
+        _interrupted(stop, options, console)
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:
+        console.print(
+            f"interrupted: the import into run {escape(options.run)!r} stopped part way; check it with "
+            "`lldmon runs show` and import again with --replace",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return EXIT_INTERRUPTED
     finally:
         state.dispatcher.close()
         state.db.dispose()
+
+
+def _interrupted(stop: Any, options: ImportOptions, console: Console) -> None:
+    """One line: how far the import got, that the run is marked failed, and the command that completes
+    it (the same files again: --append keeps what the run held before, --replace starts over)."""
+    run = stop.run
+    how = "--append" if stop.mode == "append" else "--replace"
+    upto = f" (up to step {run.last_step:,})" if run.last_step is not None else ""
+    console.print(
+        f"interrupted: run {run.id} {escape(run.name)!r} of project {escape(run.project)!r} marked failed "
+        f"with {stop.written:,} of {stop.total:,} steps written{upto}; run the same command with {how} to "
+        "import it completely",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _write(options: ImportOptions, log: Any, fmt: str, n_files: int, state: Any, console: Console) -> int:

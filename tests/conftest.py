@@ -4,14 +4,19 @@ tables are emptied before every test."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+
+if TYPE_CHECKING:
+    from tests.live_server import LiveServer
 
 PG_URL = os.environ.get("LLDMON_TEST_DATABASE_URL")
 BACKENDS = ["sqlite"] + (["postgres"] if PG_URL else [])
@@ -36,6 +41,24 @@ def drop_postgres_database(db_url: str) -> None:
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{url.database}" WITH (FORCE)'))
     admin.dispose()
+
+
+@contextlib.contextmanager
+def live_server_on(backend: str, tmp_dir: Path, env: dict[str, str] | None = None) -> Iterator[LiveServer]:
+    """A real `lldmon serve` on a fresh database of `backend` (migrated), dropped afterwards."""
+    from monitor.db.migrate import upgrade
+    from tests.live_server import LiveServer
+
+    database_url = None
+    if backend == "postgres":
+        database_url = new_database(backend, tmp_dir)
+        upgrade(database_url)
+    try:
+        with LiveServer(tmp_dir / "data", env=env, database_url=database_url).start() as live:
+            yield live
+    finally:
+        if database_url is not None:
+            drop_postgres_database(database_url)
 
 
 def new_database(backend: str, tmp_dir: Path) -> str:

@@ -202,3 +202,42 @@ def test_spool_module_is_stdlib_only() -> None:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             roots.add(node.module.split(".")[0])
     assert roots - {"__future__"} <= set(sys.stdlib_module_names)
+
+
+def test_entries_sort_by_when_their_data_was_logged_not_when_written(tmp_path: Path) -> None:
+    """Issue 16 #11: a batch held up by retries is written after newer overflow; it must still sort
+    (replay, and be dropped by the size limit) before that newer data."""
+    base = 1_700_000_000_000_000_000
+    for i in (3, 4, 5):
+        spool.write_entry(tmp_path, entry(i, pad=50), order_ns=base + i)
+    late = spool.write_entry(tmp_path, entry(1, pad=50), order_ns=base + 1)  # written last, logged first
+    assert ids(tmp_path) == ["b0001", "b0003", "b0004", "b0005"]
+    one = late.entry.size()
+    report = spool.write_entry(tmp_path, entry(2, pad=50), order_ns=base + 2, max_bytes=3 * one + one // 2)
+    assert ids(tmp_path) == ["b0003", "b0004", "b0005"]  # the oldest data went: steps 1 and 2
+    assert report.dropped_batches == 2 and not report.kept
+    spool.write_entry(tmp_path, entry(6))  # no order given: now, i.e. the newest
+    assert ids(tmp_path)[-1] == "b0006"
+
+
+def test_finish_markers_roundtrip_replace_and_are_found(tmp_path: Path) -> None:
+    other = RunIdentity(run_name="other", project=None)
+    path = spool.write_finish(tmp_path / "a", RUN, "finished")
+    spool.write_finish(tmp_path / "a", RUN, "failed")  # the later status replaces the earlier
+    spool.write_finish(tmp_path / "a", other, "crashed")
+    found = {(run.run_name, status) for _, run, status in spool.read_finishes(tmp_path / "a")}
+    assert found == {("grpo-3b", "failed"), ("other", "crashed")}
+    assert next(r for _, r, _ in spool.read_finishes(tmp_path / "a") if r.run_name == "grpo-3b") == RUN
+    assert path.name.startswith("finish-") and not list((tmp_path / "a").glob(".tmp-*"))
+    assert list(spool.iter_entries(tmp_path / "a")) == []  # markers are not batches
+    with pytest.raises(ValueError, match="status"):
+        spool.write_finish(tmp_path / "a", RUN, "running")
+    spool.write_entry(tmp_path / "b" / spool.REJECTED_DIR, entry(0))  # only rejected batches left
+    (tmp_path / "c").mkdir()
+    found_dirs = [p.relative_to(tmp_path).as_posix() for p in spool.find_spool_dirs(tmp_path)]
+    assert found_dirs == ["a", "b"]
+    spool.remove_finish(tmp_path / "a", RUN)
+    spool.remove_finish(tmp_path / "a", RUN)  # already gone: no error
+    assert [r.run_name for _, r, _ in spool.read_finishes(tmp_path / "a")] == ["other"]
+    (tmp_path / "a" / "finish-0123456789abcdef.json").write_text("{not json")
+    assert [r.run_name for _, r, _ in spool.read_finishes(tmp_path / "a")] == ["other"]  # warned, skipped

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -14,6 +16,7 @@ from typer.testing import CliRunner
 from contracts import spool
 from contracts.spool import RunIdentity, SpoolEntry
 from monitor.cli import app
+from tests.conftest import live_server_on
 from tests.live_server import LiveServer, free_port
 from trainer_hooks.client import MonitorClient, RetryPolicy
 
@@ -132,3 +135,142 @@ def test_sync_sends_the_token(server: LiveServer, tmp_path: Path) -> None:
 def test_sync_of_a_missing_directory_fails_cleanly(tmp_path: Path) -> None:
     code, out = sync(str(tmp_path / "nope"), "--url", "http://127.0.0.1:9")
     assert code == 2 and "not a directory" in out
+
+
+# ------------------------------------------------------------------ issue 16: #2 and #12 (both databases)
+
+LIMIT = 64 * 1024
+
+
+@pytest.fixture(scope="module")
+def small_server(backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """`lldmon serve` with a 64 KiB body limit, on SQLite and (when configured) PostgreSQL."""
+    tmp = tmp_path_factory.mktemp(f"small-{backend}")
+    with live_server_on(backend, tmp, {"LLDMON_MAX_BODY_BYTES": str(LIMIT)}) as live:
+        yield live
+
+
+def wide_body(batch_id: str, steps: range, width: int = 60) -> dict[str, Any]:
+    """A metrics body of ~19 bytes per value: 200 steps x 60 metrics is ~3.5 times the 64 KiB limit."""
+    return {
+        "batch_id": batch_id,
+        "steps": list(steps),
+        "metrics": {
+            f"m/{i:03d}": ["Infinity" if s % 7 == 0 and i == 0 else s + i / 7 for s in steps]
+            for i in range(width)
+        },
+    }
+
+
+def test_sync_splits_oversized_batches_and_replays_rejected_ones(
+    small_server: LiveServer, tmp_path: Path
+) -> None:
+    """A batch the old client filed in rejected/ after a 413 (and one over the limit still in the spool)
+    is delivered in parts; a batch that is really invalid stays in rejected/ and is listed."""
+    run = RunIdentity(run_name="wide-sync", project="nq")
+    rejected = tmp_path / spool.REJECTED_DIR
+    spool.write_entry(
+        rejected, SpoolEntry(run=run, kind="metrics", body=wide_body("too-big-1", range(0, 200)))
+    )
+    bad = {"batch_id": "bad-1", "steps": [900], "metrics": {"loss": ["not a number"]}}
+    spool.write_entry(rejected, SpoolEntry(run=run, kind="metrics", body=bad))
+    spool.write_entry(
+        tmp_path, SpoolEntry(run=run, kind="metrics", body=wide_body("too-big-2", range(200, 400)))
+    )
+    spool.write_entry(tmp_path, SpoolEntry(run=run, kind="metrics", body=wide_body("small", range(400, 401))))
+    assert len(next(spool.iter_entries(rejected)).body_bytes()) > 2 * LIMIT
+
+    code, out = sync(str(tmp_path), "--url", small_server.url)
+    assert code == 0, out
+    assert "1 earlier rejected batches delivered, 1 refused again and kept" in out and "batch bad-1" in out
+    assert "remaining 0" in out and "rejected 0" in out
+    assert [e.batch_id for e in spool.iter_entries(rejected)] == ["bad-1"]
+    run_id = small_server.run_id("wide-sync", project="nq")
+    series = small_server.series(run_id)
+    assert len(series) == 60 and "loss" not in series
+    assert series["m/000"]["steps"] == list(range(401))
+    assert series["m/000"]["values"] == ["Infinity" if s % 7 == 0 else float(s) for s in range(401)]
+    assert series["m/059"]["values"] == [s + 59 / 7 for s in range(401)]
+
+    code, out = sync(str(tmp_path), "--url", small_server.url)  # again: only the invalid one is offered
+    assert code == 0 and "0 earlier rejected batches delivered, 1 refused again" in out, out
+
+
+def spool_closed(root: Path, run: str, status: str) -> Path:
+    """A job that never reached its service and closed its client with `status`."""
+    client = MonitorClient(
+        f"http://127.0.0.1:{free_port()}",
+        run,
+        project="nq",
+        spool_dir=root / run,
+        flush_interval=0.02,
+        enabled=True,
+        retry=RetryPolicy(attempts=1, backoff_base=0.01, backoff_max=10.0),
+    )
+    for step in range(20):
+        client.log(step, {"loss": 1.0 / (step + 1)})
+    client.close(timeout=5, status=status)  # type: ignore[arg-type]
+    return root / run
+
+
+def test_sync_gives_runs_the_final_status_their_job_recorded(
+    small_server: LiveServer, tmp_path: Path
+) -> None:
+    spool_closed(tmp_path, "ends-finished", "finished")
+    spool_closed(tmp_path, "ends-failed", "failed")
+    with (
+        contextlib.suppress(RuntimeError),
+        MonitorClient(  # the context manager closes with "failed" on an exception
+            f"http://127.0.0.1:{free_port()}",
+            "ends-raising",
+            project="nq",
+            spool_dir=tmp_path / "ends-raising",
+            flush_interval=0.02,
+            enabled=True,
+            retry=RetryPolicy(attempts=1, backoff_base=0.01, backoff_max=10.0),
+        ) as client,
+    ):
+        client.log(0, {"loss": 1.0})
+        raise RuntimeError("training died")
+    killed = RunIdentity(run_name="ends-killed", project="nq")  # kill -9: batches but no final status
+    body = {"batch_id": "k-1", "steps": [0], "metrics": {"loss": [1.0]}}
+    spool.write_entry(tmp_path / "ends-killed", SpoolEntry(run=killed, kind="metrics", body=body))
+
+    code, out = sync(str(tmp_path), "--url", f"http://127.0.0.1:{free_port()}", "--timeout", "2")
+    assert code == 1, out  # unreachable: the markers stay for the next try
+    assert len(list(tmp_path.glob("*/finish-*.json"))) == 3
+
+    code, out = sync(str(tmp_path), "--url", small_server.url + "/api/v1/")  # the API's URL works too
+    assert code == 0, out
+    status = {
+        name: small_server.get(f"/runs/{small_server.run_id(name, project='nq')}")["status"]
+        for name in ("ends-finished", "ends-failed", "ends-raising", "ends-killed")
+    }
+    assert status == {
+        "ends-finished": "finished",
+        "ends-failed": "failed",
+        "ends-raising": "failed",
+        "ends-killed": "running",
+    }
+    assert "run 'ends-killed': the spool holds no final status" in out
+    assert not list(tmp_path.glob("*/finish-*.json"))
+    run_id = small_server.run_id("ends-failed", project="nq")
+    assert small_server.series(run_id)["loss"]["steps"] == list(range(20))
+
+
+def test_a_resumed_client_clears_its_runs_old_final_status(tmp_path: Path) -> None:
+    """The next process of the same run is running it again: the spooled "finished" must not win."""
+    directory = spool_closed(tmp_path, "resumed", "finished")
+    assert len(list(directory.glob("finish-*.json"))) == 1
+    client = MonitorClient(
+        f"http://127.0.0.1:{free_port()}",
+        "resumed",
+        project="nq",
+        spool_dir=directory,
+        enabled=True,
+        retry=RetryPolicy(attempts=1, backoff_base=0.01, backoff_max=10.0),
+    )
+    assert client.flush(timeout=5)
+    assert not list(directory.glob("finish-*.json"))
+    client.close(timeout=5, status="failed")
+    assert [s for _, _, s in spool.read_finishes(directory)] == ["failed"]

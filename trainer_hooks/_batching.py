@@ -11,13 +11,14 @@ service (the one authority on them).
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from contracts.metrics import MAX_METRIC_NAME_LENGTH
-from contracts.wire import ACTION_COLUMNS, ACTION_SOURCES, encode_float
+from contracts.wire import ACTION_COLUMNS, ACTION_SOURCES, encode_float, encode_json
 
 _orjson_dumps: Callable[[Any], bytes] | None
 try:
@@ -45,6 +46,17 @@ class Record:
     kind: Kind
     step: int
     payload: dict[Any, Any]
+    logged_ns: int = field(default_factory=time.time_ns)
+    """When it was logged (wall clock): batches keep this order on disk, whoever writes them first."""
+
+
+@dataclass(slots=True)
+class Batch:
+    """One ingest body and when its oldest record was logged (`contracts.spool` orders by that)."""
+
+    kind: Kind
+    body: dict[str, Any]
+    order_ns: int
 
 
 def new_batch_id() -> str:
@@ -52,13 +64,21 @@ def new_batch_id() -> str:
 
 
 def dumps(obj: Any) -> bytes:
-    """Compact JSON; orjson when available. Bodies hold no non-finite floats (see `encode_float`)."""
+    """Compact JSON; orjson when available (optional in training images: json must do the same).
+
+    Callers pass non-finite floats as the wire's strings already (`encode_float`; the run config
+    through `encode_json`): orjson would write them as `null`. Should one slip through anyway, the
+    json path spells it as a string too instead of failing on every retry.
+    """
     if _orjson_dumps is not None:
         try:
             return _orjson_dumps(obj)
         except (TypeError, ValueError):  # e.g. an int over 64 bits: let json produce the error text
             pass
-    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+    try:
+        return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+    except ValueError:  # a non-finite float
+        return json.dumps(encode_json(obj), separators=(",", ":"), allow_nan=False).encode()
 
 
 def metric_name_problem(name: object) -> str | None:
@@ -83,15 +103,17 @@ def _wire_float(value: Any) -> float | str | None:
     return encode_float(float(value))
 
 
-def metrics_bodies(records: Iterable[Record], max_rows: int, warn: Warn) -> list[dict[str, Any]]:
+def metrics_bodies(records: Iterable[Record], max_rows: int, warn: Warn) -> list[Batch]:
     """Metrics bodies of at most `max_rows` steps each.
 
     Records of the same step are merged (a later value of a name wins, as on the service); a name
     not logged at a step is null in that step's row.
     """
     rows: dict[int, dict[str, float | str | None]] = {}
+    logged: dict[int, int] = {}
     for record in records:
         row = rows.setdefault(record.step, {})
+        logged[record.step] = min(logged.get(record.step, record.logged_ns), record.logged_ns)
         for name, raw in record.payload.items():
             problem = metric_name_problem(name)
             if problem is not None:
@@ -116,7 +138,8 @@ def metrics_bodies(records: Iterable[Record], max_rows: int, warn: Warn) -> list
         for step in chunk:
             names.update(dict.fromkeys(rows[step]))
         metrics = {name: [rows[step].get(name) for step in chunk] for name in names}
-        bodies.append({"batch_id": new_batch_id(), "steps": chunk, "metrics": metrics})
+        body = {"batch_id": new_batch_id(), "steps": chunk, "metrics": metrics}
+        bodies.append(Batch("metrics", body, min(logged[step] for step in chunk)))
     return bodies
 
 
@@ -195,30 +218,30 @@ def action_columns(record: Record, warn: Warn) -> dict[str, list[Any]] | None:
     return out
 
 
-def actions_bodies(records: Iterable[Record], max_rows: int, warn: Warn) -> list[dict[str, Any]]:
+def actions_bodies(records: Iterable[Record], max_rows: int, warn: Warn) -> list[Batch]:
     """Action bodies of at most `max_rows` records each (a large call is split)."""
     merged: dict[str, list[Any]] = {name: [] for name in ACTION_COLUMNS}
+    logged: list[int] = []  # per row
     for record in records:
         columns = action_columns(record, warn)
         if columns is None:
             continue
         for name in ACTION_COLUMNS:
             merged[name].extend(columns[name])
+        logged.extend([record.logged_ns] * len(columns["step"]))
     n = len(merged["step"])
     size = max(1, max_rows)
     return [
-        {"batch_id": new_batch_id(), **{name: merged[name][i : i + size] for name in ACTION_COLUMNS}}
+        Batch(
+            "actions",
+            {"batch_id": new_batch_id(), **{name: merged[name][i : i + size] for name in ACTION_COLUMNS}},
+            min(logged[i : i + size]),
+        )
         for i in range(0, n, size)
     ]
 
 
-def build_bodies(records: list[Record], max_rows: int, warn: Warn) -> list[tuple[Kind, dict[str, Any]]]:
+def build_bodies(records: list[Record], max_rows: int, warn: Warn) -> list[Batch]:
     """All bodies of `records`: metrics first, then actions."""
-    out: list[tuple[Kind, dict[str, Any]]] = []
-    out += [
-        ("metrics", b) for b in metrics_bodies((r for r in records if r.kind == "metrics"), max_rows, warn)
-    ]
-    out += [
-        ("actions", b) for b in actions_bodies((r for r in records if r.kind == "actions"), max_rows, warn)
-    ]
-    return out
+    metrics = metrics_bodies((r for r in records if r.kind == "metrics"), max_rows, warn)
+    return metrics + actions_bodies((r for r in records if r.kind == "actions"), max_rows, warn)

@@ -15,12 +15,16 @@ uuid4 `batch_id` each, stable across retries) and sends them. Transient failures
 errors, timeouts, 408/429/5xx) are retried with exponential backoff and jitter, honouring
 Retry-After, up to `RetryPolicy.attempts`; then the batch goes to the on-disk spool
 (`contracts.spool`) and, while the service stays unreachable, further batches go straight there.
-When the service answers again the spool is replayed oldest first, before newer batches; leftovers
-of a previous process are replayed on start. A batch the service refuses as invalid (4xx other
-than 401/403/404/408/409/429) is never retried: it is logged once and kept in `<spool>/rejected/`.
-Because batch ids are stable and the service keeps a batch ledger, nothing is stored twice.
-If the queue is full, the caller's thread spools the overflow itself (in chunks) instead of
-blocking. `lldmon sync DIR` uploads a spool that a job left behind.
+When the service answers again the spool is replayed oldest first (in the order the data was
+logged), before newer batches; leftovers of a previous process are replayed on start. A batch the
+service refuses as invalid (4xx other than 401/403/404/408/409/429) is never retried: it is logged
+once and kept in `<spool>/rejected/`. A batch is never larger than `max_batch_bytes` of JSON (split
+by steps, or by metric names) and one the service refuses as too large (413) is split further
+with the limit the service names, never filed as rejected. Because batch ids are stable and the
+service keeps a batch ledger, nothing is stored twice. If the queue is full, the caller's thread
+spools the overflow itself (in chunks) instead of blocking. `lldmon sync DIR` uploads a spool that
+a job left behind, and applies the run's final status that `close()` leaves there when it could not
+tell the service.
 
 In multi-process jobs only rank 0 sends: with `enabled=None`, a client is disabled when the
 environment variable RANK or LOCAL_RANK is set to anything other than "0"; a disabled client accepts
@@ -39,6 +43,7 @@ import queue
 import re
 import threading
 import time
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,11 +52,12 @@ from typing import Any, Final, Literal
 
 import httpx
 
-from contracts import spool
+from contracts import split, spool
 from contracts.directive import DEFAULT_LLDS_LAMBDA as DEFAULT_LLDS_LAMBDA  # re-exported
 from contracts.directive import Directive, LLDSDirective, parse_directive
 from contracts.spool import Outcome, RunIdentity, SpoolEntry
-from trainer_hooks._batching import Kind, Record, build_bodies, dumps
+from contracts.wire import API_PREFIX, DEFAULT_PROJECT, encode_json
+from trainer_hooks._batching import Batch, Kind, Record, build_bodies, dumps
 from trainer_hooks._transport import HttpSession, Reply, RetryPolicy
 from trainer_hooks._warn import WarnOnce, logger
 
@@ -92,20 +98,46 @@ def _path_part(name: str) -> str:
 
 
 def _json_safe(value: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Plain JSON with odd values as `str()` and NaN / +-inf as the wire's strings, so the register
+    body encodes with or without orjson (json refuses non-finite floats, orjson writes `null`)."""
     if not value:
         return {}
     try:
-        result = json.loads(json.dumps(dict(value), default=str))
-    except (TypeError, ValueError):
+        result = encode_json(json.loads(json.dumps(dict(value), default=str)))
+    except (TypeError, ValueError, RecursionError):
         return {"config": str(value)}
     return result if isinstance(result, dict) else {}
+
+
+def normalize_url(url: str) -> str:
+    """The service's base URL: "http(s)://host[:port][/prefix]", without a trailing "/api/v1".
+
+    Raises ValueError naming the problem: a URL the client cannot reach would otherwise be retried
+    in the background for the whole run while every batch piles up in the spool.
+    """
+    text = str(url).strip()
+    hint = f" (did you mean 'http://{text}'?)" if text and "://" not in text else ""
+    try:
+        parts = urllib.parse.urlsplit(text)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in 0-65535
+    except ValueError as exc:
+        raise ValueError(f"lldmon URL {url!r} is not valid: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"lldmon URL must look like http://host:port, got {url!r}{hint}")
+    if parts.query or parts.fragment:
+        raise ValueError(f"lldmon URL must not have a query or fragment, got {url!r}")
+    path = parts.path.rstrip("/")
+    if path.endswith(API_PREFIX):
+        path = path[: -len(API_PREFIX)].rstrip("/")
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
 class MonitorClient:
     """Streams metrics of one run to an lldmon service (see the module docstring).
 
     Args:
-        url: base URL of the service, e.g. "http://127.0.0.1:8000".
+        url: base URL of the service, e.g. "http://127.0.0.1:8000" (a trailing "/api/v1" is
+            accepted); ValueError if it is not an http(s) URL.
         run_name: the run's name; the run is registered (get-or-create) by (project, run_name).
         project: project name (None: the token's project, else "default").
         token: API token (`lldmon token create`), sent as a Bearer token.
@@ -114,6 +146,8 @@ class MonitorClient:
         max_queue: records (calls) the queue holds before the caller spools overflow itself.
         flush_interval: seconds the sender coalesces records before sending a batch.
         max_batch_rows: steps per metrics batch, records per action batch.
+        max_batch_bytes: JSON bytes per request (before gzip); larger batches are split. Lowered
+            automatically to the limit a service names in a 413.
         spool_max_bytes: size limit of the spool; the oldest batches are deleted first.
         timeout: seconds per HTTP request.
         enabled: None = auto (off on ranks other than 0), or force on / off.
@@ -134,6 +168,7 @@ class MonitorClient:
         max_queue: int = 10_000,
         flush_interval: float = 1.0,
         max_batch_rows: int = 5000,
+        max_batch_bytes: int = split.DEFAULT_MAX_BODY_BYTES,
         spool_max_bytes: int = 256 * 1024 * 1024,
         timeout: float = 10.0,
         enabled: bool | None = None,
@@ -141,7 +176,7 @@ class MonitorClient:
         retry: RetryPolicy | None = None,
     ) -> None:
         self._warn = WarnOnce()
-        self.url = url
+        self.url = normalize_url(url)
         self.identity = RunIdentity(
             run_name=str(run_name),
             project=project,
@@ -149,7 +184,9 @@ class MonitorClient:
             tags=tuple(str(t) for t in (tags or ())),
         )
         if spool_dir is None:
-            spool_dir = DEFAULT_SPOOL_ROOT / _path_part(project or "default") / _path_part(str(run_name))
+            spool_dir = (
+                DEFAULT_SPOOL_ROOT / _path_part(project or DEFAULT_PROJECT) / _path_part(str(run_name))
+            )
         self.spool_dir = Path(spool_dir).expanduser()
         self.enabled = _auto_enabled() if enabled is None else bool(enabled)
         self._token = token
@@ -158,6 +195,7 @@ class MonitorClient:
         self._retry = retry or RetryPolicy()
         self._flush_interval = max(0.0, float(flush_interval))
         self._max_batch_rows = max(1, int(max_batch_rows))
+        self._max_batch_bytes = max(1024, int(max_batch_bytes))
         self._spool_max_bytes = int(spool_max_bytes)
         self._overflow_chunk = max(1, min(256, self._max_batch_rows))
 
@@ -174,6 +212,7 @@ class MonitorClient:
         self._close_deadline: float | None = None
         self._net_deadline_at = float("inf")
         self._close_status: RunStatus = "finished"
+        self._finish_acknowledged = False
         self._closed = False
         self._sender_exited = False
 
@@ -188,6 +227,8 @@ class MonitorClient:
         self._thread: threading.Thread | None = None
         if not self.enabled:
             return
+        with contextlib.suppress(OSError):  # the run is running (again): an old final status is void
+            spool.remove_finish(self.spool_dir, self.identity)
         try:
             self._thread = threading.Thread(target=self._run, name="lldmon-sender", daemon=True)
             self._thread.start()
@@ -216,6 +257,10 @@ class MonitorClient:
         """
         env = os.environ if environ is None else environ
         url = env.get("LLDMON_URL", "").strip() or "http://127.0.0.1:8000"
+        try:
+            url = normalize_url(url)
+        except ValueError as exc:
+            raise ValueError(f"LLDMON_URL: {exc}") from None
         run_name = run or env.get("LLDMON_RUN", "").strip()
         if not run_name:
             run_name = f"run-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{os.getpid()}"
@@ -319,6 +364,7 @@ class MonitorClient:
             if self._thread.is_alive():
                 self._warn("close-timeout", "lldmon: sender still busy after close(timeout=%s)", timeout)
             self._spool_leftovers()
+            self._report_leftovers(status)
         except Exception as exc:
             self._warn(("close", type(exc).__name__), "lldmon: close() failed: %s", exc)
 
@@ -374,6 +420,25 @@ class MonitorClient:
     def _at_exit(self) -> None:
         self.close()
 
+    def _report_leftovers(self, status: RunStatus) -> None:
+        """After close: what stays in the spool, and how to send it; the run's final status goes
+        there too (for `lldmon sync`) unless the service has it and nothing is left."""
+        left, size = spool.spool_size(self.spool_dir)
+        if left or not self._finish_acknowledged:
+            spool.write_finish(self.spool_dir, self.identity, status)
+        if left:
+            logger.warning(
+                "lldmon: %d batches (%d bytes) of run %r stay in the spool %s; send them with "
+                "`lldmon sync %s --url %s%s` (the next client of this run on this spool sends them too)",
+                left,
+                size,
+                self.identity.run_name,
+                self.spool_dir,
+                self.spool_dir,
+                self.url,
+                " --token <token>" if self._token else "",
+            )
+
     def _spool_leftovers(self) -> None:
         """After close: whatever is still queued (logged during close, or a stuck sender) to disk."""
         records = self._drain_nowait()
@@ -409,24 +474,58 @@ class MonitorClient:
         with self._lock:
             self._stats[name] += n
 
+    def _batches(self, records: list[Record]) -> list[tuple[Batch, bytes]]:
+        """Records as ingest bodies of at most `max_batch_rows` rows and `max_batch_bytes` of JSON,
+        each with its encoding."""
+        return [
+            part
+            for batch in build_bodies(records, self._max_batch_rows, self._warn)
+            for part in self._fit(batch)
+        ]
+
+    def _fit(self, batch: Batch) -> list[tuple[Batch, bytes]]:
+        """`batch` split (if need be) under the current byte limit; parts keep its place in order."""
+        parts = split.split_body(batch.kind, batch.body, self._max_batch_bytes, dumps)
+        return [(Batch(batch.kind, body, batch.order_ns + i), raw) for i, (body, raw) in enumerate(parts)]
+
+    def _learn_limit(self, reply: Reply, size: int) -> None:
+        """A 413: lower the byte limit to the one the service names (else to half of what it refused)."""
+        named = split.limit_from_error(reply.error)
+        limit = named if named is not None else size // 2
+        if limit < self._max_batch_bytes:
+            self._max_batch_bytes = max(1024, limit)
+            logger.warning(
+                "lldmon: the service refused a %d-byte batch as too large (HTTP 413): "
+                "batches are split to at most %d bytes from now on",
+                size,
+                self._max_batch_bytes,
+            )
+
     def _spool_records(self, records: list[Record]) -> None:
         try:
-            bodies = build_bodies(records, self._max_batch_rows, self._warn)
+            batches = self._batches(records)
         except Exception as exc:
             self._warn(("build", type(exc).__name__), "lldmon: could not encode records: %s", exc)
             return
-        for kind, body in bodies:
-            self._spool(kind, body)
+        for batch, _raw in batches:
+            self._spool(batch)
 
-    def _spool(self, kind: Kind, body: dict[str, Any], subdir: str | None = None) -> None:
+    def _spool(self, batch: Batch, subdir: str | None = None) -> None:
         directory = self.spool_dir / subdir if subdir else self.spool_dir
-        entry = SpoolEntry(run=self.identity, kind=kind, body=body)
+        entry = SpoolEntry(run=self.identity, kind=batch.kind, body=batch.body)
         try:
-            report = spool.write_entry(directory, entry, max_bytes=self._spool_max_bytes)
+            report = spool.write_entry(
+                directory, entry, max_bytes=self._spool_max_bytes, order_ns=batch.order_ns
+            )
         except Exception as exc:
-            self._count("dropped")
-            self._warn(
-                ("spool-write", type(exc).__name__), "lldmon: cannot write spool %s: %s", directory, exc
+            with self._lock:
+                self._stats["dropped"] += 1
+                total = self._stats["dropped"]
+            logger.warning(  # every time: the batch is lost for good
+                "lldmon: cannot write spool %s, a batch is lost: %s; %d batches dropped so far",
+                directory,
+                exc,
+                total,
             )
             return
         if subdir is None:
@@ -436,14 +535,17 @@ class MonitorClient:
             if report.kept:
                 self._spool_pending = True
         if report.dropped_batches:
-            self._count("dropped", report.dropped_batches)
-            self._warn(
-                ("spool-full", subdir),
-                "lldmon: spool %s over its limit of %d bytes: dropped the %d oldest batches (%d bytes)",
+            with self._lock:
+                self._stats["dropped"] += report.dropped_batches
+                total = self._stats["dropped"]
+            logger.warning(  # every time: each one is data lost for good
+                "lldmon: spool %s over its limit of %d bytes: dropped the %d oldest batches (%d bytes); "
+                "%d batches dropped so far",
                 directory,
                 self._spool_max_bytes,
                 report.dropped_batches,
                 report.dropped_bytes,
+                total,
             )
 
     # ------------------------------------------------------------------------------- sender thread
@@ -521,15 +623,15 @@ class MonitorClient:
         return records
 
     def _deliver(self, records: list[Record]) -> None:
-        bodies = build_bodies(records, self._max_batch_rows, self._warn) if records else []
+        batches = self._batches(records) if records else []
         registered = self._network_allowed() and self._ensure_registered(self.identity) is not None
         if registered and self._spool_pending:
             self._replay_spool()
-        for kind, body in bodies:
+        for batch, raw in batches:
             if self._network_allowed() and not self._spool_pending and self.run_id is not None:
-                self._send_live(kind, body)
+                self._send_live(batch, raw)
             else:
-                self._spool(kind, body)
+                self._spool(batch)
 
     # network state
 
@@ -581,7 +683,7 @@ class MonitorClient:
             return run_id
         assert self._session is not None
         reply = self._session.request(
-            "POST", "/runs", content=dumps(run.register_body()), timeout=self._request_timeout()
+            "POST", "/runs", content=dumps(encode_json(run.register_body())), timeout=self._request_timeout()
         )
         if reply.outcome == "ok" and isinstance(reply.data, dict) and isinstance(reply.data.get("id"), int):
             run_id = int(reply.data["id"])
@@ -647,10 +749,13 @@ class MonitorClient:
             self._run_ids.pop(run.key, None)
         self._mark_down(reply.error or f"HTTP {reply.status}", long=not reply.transient)
 
-    def _send_live(self, kind: Kind, body: dict[str, Any]) -> None:
-        """Send with retries; spool after the retry budget (or a non-transient keep-for-later)."""
-        run = self.identity
-        payload = gzip.compress(dumps(body), compresslevel=5)
+    def _send_live(self, batch: Batch, raw: bytes) -> None:
+        """Send with retries; spool after the retry budget (or a non-transient keep-for-later).
+
+        A 413 lowers the byte limit and sends the batch in parts; only a batch that cannot be cut
+        any further (one value) is filed as rejected."""
+        run, kind = self.identity, batch.kind
+        payload = gzip.compress(raw, compresslevel=5)
         reply = Reply(status=None)
         for attempt in range(max(1, self._retry.attempts)):
             run_id = self.run_id
@@ -660,8 +765,15 @@ class MonitorClient:
             if reply.outcome == "ok":
                 self._acknowledged(run, reply)
                 return
+            if reply.status == 413:
+                self._learn_limit(reply, len(raw))
+                parts = self._fit(batch)
+                if len(parts) > 1:
+                    for part, part_raw in parts:
+                        self._send_live(part, part_raw)
+                    return
             if reply.outcome == "reject":
-                self._spool(kind, body, subdir=spool.REJECTED_DIR)
+                self._spool(batch, subdir=spool.REJECTED_DIR)
                 self._warn_rejected(kind, reply, self.spool_dir / spool.REJECTED_DIR)
                 return
             if not reply.transient or attempt + 1 >= self._retry.attempts:
@@ -672,25 +784,40 @@ class MonitorClient:
                 delay = self._retry.backoff(attempt)
             if not self._sleep(delay):
                 break
-        self._spool(kind, body)
+        self._spool(batch)
         self._not_delivered(run, reply)
 
     def _send_spooled(self, entry: SpoolEntry) -> Outcome:
-        """Transport of `contracts.spool.replay`: one attempt, no retry loop."""
+        """Transport of `contracts.spool.replay`: one attempt per part, no retry loop.
+
+        An entry over the byte limit (spooled before a 413 lowered it, or by an older client) goes
+        in parts; their batch ids derive from the entry's, so a replay cut short and repeated
+        re-sends the same parts (duplicates on the service, nothing stored twice)."""
         if not self._network_allowed():
             return "retry"
         run_id = self._ensure_registered(entry.run)
         if run_id is None:
             return "retry"
-        reply = self._post(run_id, entry.kind, gzip.compress(entry.body_bytes(), compresslevel=5))
-        if reply.outcome == "ok":
-            self._acknowledged(entry.run, reply)
-            self._count("replayed")
-        elif reply.outcome == "reject":
-            self._warn_rejected(entry.kind, reply, self.spool_dir / spool.REJECTED_DIR)
-        else:
-            self._not_delivered(entry.run, reply)
-        return reply.outcome
+        pending = split.split_body(entry.kind, entry.body, self._max_batch_bytes, dumps)
+        while pending:
+            body, raw = pending.pop(0)
+            reply = self._post(run_id, entry.kind, gzip.compress(raw, compresslevel=5))
+            if reply.status == 413:
+                self._learn_limit(reply, len(raw))
+                parts = split.split_body(entry.kind, body, self._max_batch_bytes, dumps)
+                if len(parts) > 1:
+                    pending[:0] = parts
+                    continue
+            if reply.outcome == "ok":
+                self._acknowledged(entry.run, reply)
+                continue
+            if reply.outcome == "reject":
+                self._warn_rejected(entry.kind, reply, self.spool_dir / spool.REJECTED_DIR)
+            else:
+                self._not_delivered(entry.run, reply)
+            return reply.outcome
+        self._count("replayed")
+        return "ok"
 
     def _replay_spool(self) -> None:
         start = time.monotonic()
@@ -719,6 +846,7 @@ class MonitorClient:
             content=dumps({"status": self._close_status}),
             timeout=self._request_timeout(),
         )
+        self._finish_acknowledged = reply.outcome == "ok"
         if reply.outcome != "ok":
             self._warn(
                 "finish", "lldmon: could not mark run %s %s: %s", run_id, self._close_status, reply.error

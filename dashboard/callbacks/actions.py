@@ -1,7 +1,8 @@
 """Action-delta distribution: a histogram at the chosen step, and quantile bands over a window of steps.
 
 The window is read newest chunk first under a row budget, so a run that logs many actions per step
-gets a shorter window (said in the figure's title) instead of a slow page.
+gets a shorter window (said in the figure's title) instead of a slow page. The step box and the window
+are clamped (`dashboard.inputs`): the work of one request is bounded whatever the browser sends.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Any
 
 from dash import Dash, Input, Output
 
+from dashboard import inputs
 from dashboard.auth import current_principal
 from dashboard.callbacks.base import DashContext, error_text
 from dashboard.figures import Figure, action_step, delta_histogram, delta_quantiles, empty_figure
@@ -60,22 +62,32 @@ def window_actions(
 def action_figures(
     state: AppState,
     principal: Principal,
-    run_id: int,
-    step: int | None,
-    window: int,
-    source: str | None,
+    run_id: object,
+    step: object,
+    window: object,
+    source: object,
     *,
     budget: int = ROW_BUDGET,
 ) -> tuple[Figure, Figure]:
-    """(histogram at `step` or the last earlier step with records, quantiles over the window up to it)."""
-    src = None if source in (None, "all") else source
-    if step is None:
-        step = state.runs.get(principal, run_id).last_step
-    if step is None:
+    """(histogram at `step` or the last earlier step with records, quantiles over the window up to it).
+
+    The inputs are the callback's, unchecked: InvalidInput names a wrong one; the step is clamped into
+    the step column's range and the window to at most `inputs.MAX_ACTION_WINDOW` steps."""
+    rid = inputs.run_id(run_id)
+    chosen_step, steps = inputs.action_step(step), inputs.action_window(window)
+    src = inputs.action_source(source)
+    if chosen_step is None:
+        chosen_step = state.runs.get(principal, rid).last_step
+    if chosen_step is None:
         empty = empty_figure("no steps logged yet")
         return empty, empty
-    step = max(0, int(step))
-    lo = max(0, step - max(1, int(window)) + 1)
+    return _action_figures(state, principal, rid, chosen_step, steps, src, budget)
+
+
+def _action_figures(
+    state: AppState, principal: Principal, run_id: int, step: int, window: int, src: str | None, budget: int
+) -> tuple[Figure, Figure]:
+    lo = max(0, step - window + 1)
     window_rows, first = window_actions(state, principal, run_id, lo, step, src, budget)
     at_step = state.query.actions(principal, run_id, step, step, src, STEP_ROW_LIMIT)
     if not at_step["step"]:
@@ -97,9 +109,9 @@ def register(app: Dash, ctx: DashContext) -> None:
         Input("action-window", "value"),
         Input("action-source", "value"),
     )
-    def _actions(run_id: int, step: int | None, window: int | None, source: str | None) -> tuple[Any, Any]:
+    def _actions(run_id: object, step: object, window: object, source: object) -> tuple[Any, Any]:
         try:
-            return action_figures(ctx.state, current_principal(), run_id, step, window or 100, source)
+            return action_figures(ctx.state, current_principal(), run_id, step, window, source)
         except LLDMonError as exc:
             fig = empty_figure(error_text(exc))
             return fig, fig

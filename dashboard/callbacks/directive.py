@@ -1,46 +1,128 @@
 """Directive controls: LLDS on/off with lambda, and the run's directive policy (off/alert/auto).
 
 Writes go through `state.query.set_directive` / `state.runs.set_policy` with the caller's Principal, so
-the API's project scoping applies; the controls are only rendered for callers allowed to steer.
+the API's project scoping applies; the controls are only rendered for callers allowed to steer. The
+values are checked by the API's own request bodies (`DirectiveIn`, `PolicyIn`) first, so the dashboard
+can store nothing PUT /directive or PUT /policy would refuse. On a run that is not running (no trainer
+reads its directive until it resumes) a change is only made after the user confirms it.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Final
 
 from dash import Dash, Input, Output, State, no_update
 from dash import ctx as dash_ctx
+from pydantic import ValidationError
 
-from contracts.directive import DEFAULT_LLDS_LAMBDA
+from dashboard import inputs
 from dashboard.auth import current_principal
-from dashboard.callbacks.base import DashContext, error_text
+from dashboard.callbacks.base import DashContext, error_text, validation_text
+from monitor.api.schemas import DirectiveIn, PolicyIn
 from monitor.domain import Principal
 from monitor.errors import LLDMonError
 
+ACTIONS: Final = ("llds-on", "llds-off", "policy-apply")
+"""The buttons (their component ids)."""
+
+
+def directive_body(enabled: bool, lam: object, reason: str) -> DirectiveIn:
+    """The PUT /directive body for these values (an empty lambda box: the API's default lambda)."""
+    llds: dict[str, object] = {"enabled": enabled}
+    if lam is not None and lam != "":
+        llds["lam"] = lam
+    return DirectiveIn.model_validate({"llds": llds, "reason": reason})
+
 
 def set_llds(
-    ctx: DashContext, principal: Principal, run_id: int, enabled: bool, lam: float | None
+    ctx: DashContext, principal: Principal, run_id: object, enabled: bool, lam: object
 ) -> tuple[str, bool]:
     """Switch LLDS; returns (message, ok)."""
-    lam = DEFAULT_LLDS_LAMBDA if lam is None else float(lam)
     reason = f"dashboard: LLDS switched {'on' if enabled else 'off'} by hand"
     try:
+        body = directive_body(enabled, lam, reason)
         directive = ctx.state.query.set_directive(
-            principal, run_id, llds_enabled=enabled, llds_lambda=lam, reason=reason
+            principal,
+            inputs.run_id(run_id),
+            llds_enabled=body.llds.enabled,
+            llds_lambda=body.llds.lam,
+            reason=body.reason,
         )
+    except ValidationError as exc:
+        return validation_text(exc), False
     except LLDMonError as exc:
         return error_text(exc), False
     state = "on" if directive.llds_enabled else "off"
     return f"LLDS {state} (λ={directive.llds_lambda:g}), directive v{directive.version}", True
 
 
-def set_policy(ctx: DashContext, principal: Principal, run_id: int, policy: str | None) -> tuple[str, bool]:
+def set_policy(ctx: DashContext, principal: Principal, run_id: object, policy: object) -> tuple[str, bool]:
     try:
-        run = ctx.state.runs.set_policy(principal, run_id, policy or "")
+        body = PolicyIn.model_validate({"policy": policy})
+        run = ctx.state.runs.set_policy(principal, inputs.run_id(run_id), body.policy)
+    except ValidationError as exc:
+        return validation_text(exc), False
     except LLDMonError as exc:
         return error_text(exc), False
     return f"policy set to {run.directive_policy}", True
+
+
+@dataclass(frozen=True)
+class Outcome:
+    message: str = ""
+    ok: bool = False
+    confirm: str | None = None
+    """A question for the user; nothing was written (ask, then call again with confirmed=True)."""
+
+
+def _what(action: str, lam: object, policy: object) -> str:
+    """What the button does, in words, for the confirmation (the values are already validated)."""
+    if action == "policy-apply":
+        return f"set its directive policy to {PolicyIn.model_validate({'policy': policy}).policy}"
+    body = directive_body(action == "llds-on", lam, "")
+    return f"switch LLDS {'on' if body.llds.enabled else 'off'} (λ={body.llds.lam:g})"
+
+
+def apply_action(
+    ctx: DashContext,
+    principal: Principal,
+    run_id: object,
+    action: object,
+    lam: object,
+    policy: object,
+    *,
+    confirmed: bool = False,
+) -> Outcome:
+    """A directive button: checked like the API, then written, or first a question when the run is
+    not running."""
+    if action not in ACTIONS:
+        return Outcome("unknown action")
+    try:
+        what = _what(str(action), lam, policy)
+        run = ctx.state.runs.get(principal, inputs.run_id(run_id))
+    except ValidationError as exc:
+        return Outcome(validation_text(exc))
+    except LLDMonError as exc:
+        return Outcome(error_text(exc))
+    if run.status != "running" and not confirmed:
+        return Outcome(
+            confirm=f"Run {run.name!r} is {run.status}: no trainer reads its directive until it resumes. "
+            f"{what[0].upper()}{what[1:]} anyway?"
+        )
+    if action == "policy-apply":
+        message, ok = set_policy(ctx, principal, run.id, policy)
+    else:
+        message, ok = set_llds(ctx, principal, run.id, action == "llds-on", lam)
+    return Outcome(message, ok)
+
+
+def pending_action(pending: object) -> tuple[object, object, object]:
+    """(action, lambda, policy) of the request waiting for confirmation (kept in the browser)."""
+    if not isinstance(pending, dict):
+        return None, None, None
+    return pending.get("action"), pending.get("lam"), pending.get("policy")
 
 
 def register(app: Dash, ctx: DashContext) -> None:
@@ -48,28 +130,39 @@ def register(app: Dash, ctx: DashContext) -> None:
         Output("directive-msg", "children"),
         Output("directive-msg", "className"),
         Output("directive-changed", "data"),
+        Output("directive-confirm", "displayed"),
+        Output("directive-confirm", "message"),
+        Output("directive-pending", "data"),
         Input("llds-on", "n_clicks"),
         Input("llds-off", "n_clicks"),
         Input("policy-apply", "n_clicks"),
+        Input("directive-confirm", "submit_n_clicks"),
         State("llds-lambda", "value"),
         State("policy", "value"),
         State("run-id", "data"),
+        State("directive-pending", "data"),
         prevent_initial_call=True,
     )
     def _apply(
-        _on: int | None,
-        _off: int | None,
-        _policy: int | None,
-        lam: float | None,
-        policy: str | None,
-        run_id: int,
+        _on: object,
+        _off: object,
+        _policy: object,
+        _confirmed: object,
+        lam: object,
+        policy: object,
+        run_id: object,
+        pending: object,
     ) -> tuple[Any, ...]:
-        principal = current_principal()
         trigger = dash_ctx.triggered_id
-        if trigger in ("llds-on", "llds-off"):
-            message, ok = set_llds(ctx, principal, run_id, trigger == "llds-on", lam)
-        elif trigger == "policy-apply":
-            message, ok = set_policy(ctx, principal, run_id, policy)
+        if trigger == "directive-confirm":
+            action, lam, policy = pending_action(pending)
+            outcome = apply_action(ctx, current_principal(), run_id, action, lam, policy, confirmed=True)
+        elif trigger in ACTIONS:
+            outcome = apply_action(ctx, current_principal(), run_id, trigger, lam, policy)
         else:
-            return no_update, no_update, no_update
-        return message, "msg" if ok else "msg err", time.time() if ok else no_update
+            return (no_update,) * 6
+        if outcome.confirm is not None:
+            request = {"action": trigger, "lam": lam, "policy": policy}
+            return "", "msg", no_update, True, outcome.confirm, request
+        changed = time.time() if outcome.ok else no_update
+        return outcome.message, "msg" if outcome.ok else "msg err", changed, False, no_update, None

@@ -7,13 +7,15 @@ from typing import Any
 
 from dash import Dash, Input, Output, State, no_update
 
+from dashboard import inputs
 from dashboard.auth import current_principal
 from dashboard.callbacks.base import DashContext
 from monitor.domain import Principal
 from monitor.errors import LLDMonError
 
 
-def export_csv(ctx: DashContext, principal: Principal, run_id: int) -> dict[str, Any]:
+def export_csv(ctx: DashContext, principal: Principal, run_id: object) -> dict[str, Any]:
+    run_id = inputs.run_id(run_id)
     series = ctx.state.query.history(principal, run_id, None)
     csv = ctx.state.query.history_csv(series)
     return {"content": csv, "filename": f"run-{run_id}-metrics.csv", "type": "text/csv", "base64": False}
@@ -26,7 +28,7 @@ def register(app: Dash, ctx: DashContext) -> None:
         State("run-id", "data"),
         prevent_initial_call=True,
     )
-    def _export(n_clicks: int | None, run_id: int) -> Any:
+    def _export(n_clicks: object, run_id: object) -> Any:
         if not n_clicks:
             return no_update
         try:

@@ -7,23 +7,28 @@ appended, and the signature of the phase events / alerts / directives drawn. One
 serves all panels: it queries `step_min = last + 1` once and answers with `dash.Patch` objects that
 extend the traces in place and replace bands and markers. A panel is redrawn in full when one of its
 metrics shows up for the first time, or once many raw points have been appended (downsampled again).
+
+Cursors come back from the browser: one that is not what `load_panel` made (crafted, or from another
+run) is ignored, and a run whose last step is the largest BIGINT has no step after it to query.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from dash import Dash, Input, Output, Patch, State, no_update
 
-from dashboard import data
+from dashboard import data, inputs
 from dashboard.auth import current_principal
 from dashboard.callbacks.base import DashContext, error_text
 from dashboard.figures import (
     Figure,
     band_shapes,
     empty_figure,
+    log_dtick,
+    log_range,
     marker_trace,
     markers_of,
     panel_figure,
@@ -52,13 +57,14 @@ def last_step_of(series: Mapping[str, Series], default: int = -1) -> int:
 def load_panel(
     state: AppState,
     principal: Principal,
-    run_id: int,
+    run_id: object,
     panel: Panel,
     *,
     rc: data.RunContext | None = None,
     max_points: int = MAX_POINTS,
 ) -> tuple[Figure, Cursor]:
     """One panel from the run's downsampled history of its metrics, with phase bands and markers."""
+    run_id = inputs.run_id(run_id)
     rc = rc or data.run_context(state, principal, run_id)  # read first: `last` never skips a step
     series = data.series_map(state, principal, run_id, panel.metrics, max_points=max_points)
     band_end = rc.run.last_step
@@ -76,14 +82,65 @@ def load_panel(
         "present": present_metrics(panel, series),
         "appended": 0,
         "signature": rc.signature,
+        "log_range": _log_range(panel, series.values()),
     }
     return figure, cursor
 
 
+def panel_load(state: AppState, principal: Principal, run_id: object, panel: Panel) -> tuple[Figure, Any]:
+    """What a panel's load callback answers: the panel, or a figure that says what went wrong."""
+    try:
+        return load_panel(state, principal, run_id, panel)
+    except LLDMonError as exc:
+        return empty_figure(error_text(exc), title=panel.title), None
+
+
+def _log_range(
+    panel: Panel, series: Iterable[Series], current: Sequence[float] | None = None
+) -> list[float] | None:
+    """The log10 extent of a log panel's values (what its tick spacing follows), as JSON."""
+    if not panel.log_y:
+        return None
+    extent = log_range((v for s in series for v in s.values), (current[0], current[1]) if current else None)
+    return None if extent is None else list(extent)
+
+
+def _is_step(value: object, lowest: int = -1) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and lowest <= value <= inputs.MAX_BIGINT
+
+
+def valid_cursor(cursor: object, run_id: int, panel: Panel) -> Cursor | None:
+    """`cursor` if it is one `load_panel` made for this run and panel, else None (treated as not loaded)."""
+    if not isinstance(cursor, dict) or cursor.get("run_id") != run_id or not _is_step(cursor["run_id"], 0):
+        return None
+    present, appended, extent = cursor.get("present"), cursor.get("appended"), cursor.get("log_range")
+    band_end = cursor.get("band_end")
+    if not (
+        _is_step(cursor.get("last_step"))
+        and (band_end is None or _is_step(band_end, 0))
+        and isinstance(present, list)
+        and all(isinstance(name, str) and name in panel.metrics for name in present)
+        and len(set(present)) == len(present)
+        and _is_step(appended, 0)
+        and isinstance(cursor.get("signature"), str)
+        and (
+            extent is None
+            or (
+                isinstance(extent, list)
+                and len(extent) == 2
+                and all(isinstance(v, float | int) and not isinstance(v, bool) for v in extent)
+            )
+        )
+    ):
+        return None
+    return cursor
+
+
 def load_panels(
-    state: AppState, principal: Principal, run_id: int, *, max_points: int = MAX_POINTS
+    state: AppState, principal: Principal, run_id: object, *, max_points: int = MAX_POINTS
 ) -> tuple[list[Figure], list[Cursor]]:
     """Every panel (what the page's load callbacks do one by one)."""
+    run_id = inputs.run_id(run_id)
     rc = data.run_context(state, principal, run_id)
     loaded = [load_panel(state, principal, run_id, p, rc=rc, max_points=max_points) for p in PANELS]
     return [f for f, _ in loaded], [c for _, c in loaded]
@@ -97,26 +154,47 @@ def _after(series: Series, step: int) -> Series:
 def refresh_panels(
     state: AppState,
     principal: Principal,
-    run_id: int,
-    cursors: Sequence[Cursor | None],
+    run_id: object,
+    cursors: Sequence[object],
     *,
     max_points: int = MAX_POINTS,
     rebuild_after: int = REBUILD_AFTER,
 ) -> tuple[list[PanelOutput], list[Cursor | Any]]:
-    """Per panel: a Patch for the steps after its cursor, a full figure, or no_update (nothing changed)."""
+    """Per panel: a Patch for the steps after its cursor, a full figure, or no_update (nothing changed,
+    or the run id or a cursor is not one the page was given)."""
     outputs: list[PanelOutput] = [no_update] * len(PANELS)
     new_cursors: list[Cursor | Any] = [no_update] * len(PANELS)
-    live = [c for c in cursors if c and c.get("run_id") == run_id]
+    try:
+        return _refresh(state, principal, inputs.run_id(run_id), cursors, max_points, rebuild_after)
+    except LLDMonError:
+        return outputs, new_cursors
+
+
+def _refresh(
+    state: AppState,
+    principal: Principal,
+    run_id: int,
+    raw_cursors: Sequence[object],
+    max_points: int,
+    rebuild_after: int,
+) -> tuple[list[PanelOutput], list[Cursor | Any]]:
+    outputs: list[PanelOutput] = [no_update] * len(PANELS)
+    new_cursors: list[Cursor | Any] = [no_update] * len(PANELS)
+    raw = [*list(raw_cursors)[: len(PANELS)], *[None] * (len(PANELS) - len(raw_cursors))]
+    cursors = [valid_cursor(c, run_id, panel) for c, panel in zip(raw, PANELS, strict=True)]
+    live = [c for c in cursors if c is not None]
     if not live:
         return outputs, new_cursors  # no panel loaded yet
     rc = data.run_context(state, principal, run_id)
     step_min = min(int(c["last_step"]) for c in live) + 1
-    new = data.series_map(state, principal, run_id, PANEL_METRICS, step_min=step_min)
+    new: dict[str, Series] = {}
+    if step_min <= inputs.MAX_BIGINT:  # else nothing can come after the last step a step column holds
+        new = data.series_map(state, principal, run_id, PANEL_METRICS, step_min=step_min)
     band_end = rc.run.last_step
     shapes: list[dict[str, Any]] | None = None
     markers: dict[str, Any] | None = None
     for i, (panel, cursor) in enumerate(zip(PANELS, cursors, strict=True)):
-        if not cursor or cursor.get("run_id") != run_id:
+        if cursor is None:
             continue  # its load has not answered yet
         last = int(cursor["last_step"])
         arrived = {name: _after(new[name], last) for name in panel.metrics if name in new}
@@ -143,6 +221,9 @@ def refresh_panels(
         patch["layout"]["shapes"] = shapes
         if signature_changed:
             patch["data"][len(had)] = markers
+        extent = _log_range(panel, arrived.values(), cursor.get("log_range"))
+        if extent != cursor.get("log_range"):  # the log axis' labels follow the widened range
+            patch["layout"]["yaxis"]["dtick"] = log_dtick(None if extent is None else (extent[0], extent[1]))
         outputs[i] = patch
         new_cursors[i] = {
             "run_id": run_id,
@@ -153,6 +234,7 @@ def refresh_panels(
             "present": had,
             "appended": appended,
             "signature": rc.signature,
+            "log_range": extent,
         }
     return outputs, new_cursors
 
@@ -169,11 +251,8 @@ def register(app: Dash, ctx: DashContext) -> None:
         *[State(f"cursor-{p.key}", "data") for p in PANELS],
         prevent_initial_call=True,
     )
-    def _refresh(_tick: int | None, run_id: int, *cursors: Cursor | None) -> tuple[Any, ...]:
-        try:
-            outputs, new_cursors = refresh_panels(ctx.state, current_principal(), run_id, cursors)
-        except LLDMonError:
-            return tuple([no_update] * (2 * len(PANELS)))
+    def _refresh_callback(_tick: object, run_id: object, *cursors: object) -> tuple[Any, ...]:
+        outputs, new_cursors = refresh_panels(ctx.state, current_principal(), run_id, cursors)
         return (*outputs, *new_cursors)
 
 
@@ -183,8 +262,5 @@ def _register_load(app: Dash, ctx: DashContext, panel: Panel) -> None:
         Output(f"cursor-{panel.key}", "data"),
         Input("run-id", "data"),
     )
-    def _load(run_id: int) -> tuple[Any, Any]:
-        try:
-            return load_panel(ctx.state, current_principal(), run_id, panel)
-        except LLDMonError as exc:
-            return empty_figure(error_text(exc), title=panel.title), None
+    def _load(run_id: object) -> tuple[Any, Any]:
+        return panel_load(ctx.state, current_principal(), run_id, panel)

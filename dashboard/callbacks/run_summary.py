@@ -11,7 +11,7 @@ from typing import Any
 from dash import Dash, Input, Output, State, html, no_update
 from dash.development.base_component import Component
 
-from dashboard import data
+from dashboard import data, inputs
 from dashboard.auth import current_principal
 from dashboard.callbacks.base import DashContext, error_text
 from dashboard.pages import run as run_page
@@ -20,11 +20,11 @@ from monitor.errors import LLDMonError
 
 
 def run_summary(
-    ctx: DashContext, principal: Principal, run_id: int, shown: str | None = None
+    ctx: DashContext, principal: Principal, run_id: object, shown: object = None
 ) -> tuple[list[Component], Component, Component | Any, str | Any]:
     """(header children, directive status, timeline table or no_update, signature of the timeline)."""
     try:
-        rc = data.run_context(ctx.state, principal, run_id)
+        rc = data.run_context(ctx.state, principal, inputs.run_id(run_id))
     except LLDMonError as exc:
         message = html.P(error_text(exc), className="msg err")
         return [message], message, message, None
@@ -50,5 +50,5 @@ def register(app: Dash, ctx: DashContext) -> None:
         Input("directive-changed", "data"),
         State("timeline-signature", "data"),
     )
-    def _summary(run_id: int, _tick: int | None, _changed: Any, shown: str | None) -> tuple[Any, ...]:
+    def _summary(run_id: object, _tick: object, _changed: object, shown: object) -> tuple[Any, ...]:
         return run_summary(ctx, current_principal(), run_id, shown)

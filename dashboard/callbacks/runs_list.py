@@ -7,7 +7,7 @@ from typing import Any
 from dash import Dash, Input, Output, html
 from dash.development.base_component import Component
 
-from dashboard import data
+from dashboard import data, inputs
 from dashboard.auth import current_principal
 from dashboard.callbacks.base import DashContext, error_text
 from dashboard.pages import runs as runs_page
@@ -18,14 +18,22 @@ from monitor.errors import LLDMonError
 def runs_table(
     ctx: DashContext,
     principal: Principal,
-    project: str | None,
-    status: str | None,
-    tag: str | None,
-    search: str | None,
+    project: object,
+    status: object,
+    tag: object,
+    search: object,
 ) -> tuple[Component, list[dict[str, Any]]]:
-    """The table for the filters, and the project filter's options."""
+    """The table for the filters, and the project filter's options (a filter that is not usable text
+    is a message naming it)."""
     try:
-        rows = data.list_runs(ctx.state, principal, project=project, status=status, tag=tag, search=search)
+        rows = data.list_runs(
+            ctx.state,
+            principal,
+            project=inputs.text(project, "project"),
+            status=inputs.text(status, "status"),
+            tag=inputs.text(tag, "tag"),
+            search=inputs.text(search, "search"),
+        )
         options = [{"label": p, "value": p} for p in data.projects(ctx.state, principal)]
     except LLDMonError as exc:
         return html.P(error_text(exc), className="msg err"), []
@@ -43,6 +51,6 @@ def register(app: Dash, ctx: DashContext) -> None:
         Input("runs-tick", "n_intervals"),
     )
     def _runs(
-        project: str | None, status: str | None, tag: str | None, search: str | None, _tick: int | None
+        project: object, status: object, tag: object, search: object, _tick: object
     ) -> tuple[Component, list[dict[str, Any]]]:
         return runs_table(ctx, current_principal(), project, status, tag, search)

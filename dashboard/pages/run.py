@@ -1,4 +1,5 @@
-"""Run page (/dashboard/run/<id>): live panels, action-delta distribution, timeline, directive controls."""
+"""Run page (/dashboard/run/<id>, /run/<name> or /run/<project>/<name>): live panels, action-delta
+distribution, timeline, directive controls."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dash.development.base_component import Component
 from contracts.wire import DIRECTIVE_POLICIES
 from dashboard.data import RunContext
 from dashboard.figures import ACTION_HEIGHT, PANEL_HEIGHT, LegendEntry, empty_figure, legend_entries
+from dashboard.inputs import DEFAULT_ACTION_WINDOW, MAX_ACTION_WINDOW
 from dashboard.layout import PathFor, ago, phase_badge, tag_list
 from dashboard.panels import PANELS
 from dashboard.theme import BAND_OPACITY, SYMBOL_GLYPHS
@@ -19,7 +21,7 @@ from monitor.detector.explain import PHASE_DESCRIPTIONS, explain_finding, explai
 from monitor.domain import DirectiveInfo, RunInfo
 
 REFRESH_MS = 5_000
-ACTION_WINDOWS = (20, 100, 500)
+ACTION_WINDOWS = (20, DEFAULT_ACTION_WINDOW, MAX_ACTION_WINDOW)
 GRAPH_CONFIG: Any = {"displaylogo": False, "responsive": True}
 """Responsive width; the height is fixed by each graph's style (a responsive graph fills its box)."""
 
@@ -126,7 +128,7 @@ def directive_card(run: RunInfo, directive: DirectiveInfo, steer: bool) -> Compo
                         value=directive.llds_lambda,
                         min=0,
                         step=0.01,
-                        style={"width": "110px"},
+                        style={"width": "150px"},  # the - and + steppers take ~65 px of it
                     ),
                 ]
             ),
@@ -139,6 +141,8 @@ def directive_card(run: RunInfo, directive: DirectiveInfo, steer: bool) -> Compo
             ),
             html.Button("Apply policy", id="policy-apply"),
             html.Span(id="directive-msg", className="msg"),
+            dcc.ConfirmDialog(id="directive-confirm"),  # asked before steering a run that is not running
+            dcc.Store(id="directive-pending"),  # the button press waiting for that answer
         ],
         className="controls",
     )

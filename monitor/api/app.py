@@ -12,6 +12,7 @@ import httpx
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import RedirectResponse
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CollectorRegistry
 
 from contracts.wire import API_PREFIX
@@ -122,11 +123,14 @@ def create_app(
         state.dispatcher.close()
         state.db.dispose()
 
-    app = FastAPI(
+    # /docs and /redoc with Swagger UI and ReDoc served from the package (fastapi-offline ships them):
+    # FastAPI's own pages load them from a CDN and are blank on an air-gapped cluster.
+    app = FastAPIOffline(
         title="lldmon",
         version="0.1.0",
         description="Collapse diagnostics for GRPO training of tool-using LLM agents.",
         lifespan=lifespan,
+        swagger_ui_parameters={"validatorUrl": None},  # no badge fetched from validator.swagger.io
     )
     app.state.lldmon = state
     install_error_handlers(app)

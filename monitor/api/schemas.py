@@ -3,18 +3,51 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from contracts.directive import DEFAULT_LLDS_LAMBDA
 from monitor.api.unicode import invalid_text_path
 from monitor.detector.explain import explain_finding, explain_phase_change
 from monitor.domain import AlertInfo, DirectiveInfo, IngestAck, PhaseEventInfo, RunInfo
+from monitor.services.runs import config_problem
 
 Name = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00]+$")]
 ProjectName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00]+$")]
 Tag = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00]+$")]
+
+
+MAX_BODY_DEPTH: Final = 64
+"""Nesting levels a JSON body may have: deeper ones would overflow the stack of whatever walks them
+(the text check below, pydantic's serialiser, the error handler echoing the input)."""
+
+
+def _refuse(field: str | None, message: str) -> ValidationError:
+    """A validation error at `field` (the body if None) that does not echo the input back."""
+    error = InitErrorDetails(
+        type=PydanticCustomError("invalid_body", message), loc=(field,) if field else (), input=None
+    )
+    return ValidationError.from_exception_data("body", [error])
+
+
+def _deep_field(data: Any, max_depth: int) -> str | None:
+    """The top-level field holding something nested deeper than `max_depth` levels ("" for the body
+    itself), None if nothing is. Recursion is bounded by `max_depth`, not by the input."""
+
+    def deeper(value: Any, depth: int) -> bool:
+        if isinstance(value, dict):
+            items: Any = value.values()
+        elif isinstance(value, list | tuple):
+            items = value
+        else:
+            return False
+        return depth > max_depth or any(deeper(item, depth + 1) for item in items)
+
+    if isinstance(data, dict):
+        return next((str(key) for key, value in data.items() if deeper(value, 2)), None)
+    return "" if deeper(data, 1) else None
 
 
 class _Strict(BaseModel):
@@ -23,7 +56,11 @@ class _Strict(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _valid_text(cls, data: Any) -> Any:
-        """Refuse lone surrogates anywhere in the body (see `monitor.api.unicode`)."""
+        """Refuse lone surrogates anywhere in the body (see `monitor.api.unicode`), after refusing
+        bodies nested too deeply to walk."""
+        field = _deep_field(data, MAX_BODY_DEPTH)
+        if field is not None:
+            raise _refuse(field, f"nested deeper than {MAX_BODY_DEPTH} levels")
         where = invalid_text_path(data)
         if where is not None:
             raise ValueError(f"{where}: not valid Unicode text (lone surrogate escape such as \\ud800)")
@@ -35,8 +72,23 @@ class RunCreate(_Strict):
     project: ProjectName | None = Field(
         default=None, description="Defaults to the token's project, else 'default'."
     )
-    config: dict[str, Any] = Field(default_factory=dict)
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Free-form JSON, at most 32 levels deep and 256 KiB encoded; non-finite numbers are "
+        "stored and returned as the strings 'NaN', 'Infinity', '-Infinity'.",
+    )
     tags: list[Tag] = Field(default_factory=list, max_length=64)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded_config(cls, data: Any) -> Any:
+        """Depth and size of `config`, checked before anything walks it (this runs before the text
+        check): a config too deep to serialise was once stored and then broke every run listing."""
+        if isinstance(data, dict) and "config" in data:
+            problem = config_problem(data["config"])
+            if problem is not None:
+                raise _refuse("config", problem)
+        return data
 
 
 class RunFinish(_Strict):

@@ -198,13 +198,16 @@ class Directive(Base):
 
 
 class IngestBatch(Base):
-    """Ledger of committed batches: a re-sent batch id is acknowledged without writing again."""
+    """Ledger of committed batches, per run and kind: a re-sent batch id is acknowledged without writing
+    again if its payload digest matches, refused (409) if not. Rows from before revision 0003 have no
+    digest and accept any re-send as a duplicate."""
 
     __tablename__ = "ingest_batches"
     __table_args__ = (CheckConstraint("kind IN ('metrics', 'actions')", name="kind"),)
 
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(8), primary_key=True)
     batch_id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    kind: Mapped[str] = mapped_column(String(8))
+    digest: Mapped[str | None] = mapped_column(String(64))
     n_rows: Mapped[int] = mapped_column(Integer)
     received_at: Mapped[datetime] = mapped_column(UTCDateTime(), server_default=_now())

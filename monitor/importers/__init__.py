@@ -1,7 +1,8 @@
 """Importers of trainer logs into canonical metric columns (`lldmon import`).
 
 One module per format (verl console and `file` JSONL, TRL stdout and trainer_state.json, W&B CSV,
-generic CSV with a step column, ms-swift `logging.jsonl`, TensorBoard), all returning a `ParsedLog`:
+generic CSV with a step column, ms-swift `logging.jsonl`, TensorBoard, lldmon's own export), all
+returning a `ParsedLog`:
 aligned columns, where each value was logged (so a logged NaN grad norm is told apart from a missing one),
 and the malformed lines met (file, line, reason).
 `load_log(paths, fmt)` picks the format (`detect.py` for `auto`); `read_*` return `(steps, values)`.
@@ -9,6 +10,7 @@ and the malformed lines met (file, line, reason).
 
 from monitor.importers.csv_table import load_csv
 from monitor.importers.detect import AUTO, FORMATS, detect_format, resolve_format
+from monitor.importers.lldmon_export import load_lldmon_export
 from monitor.importers.names import TRL_NAMES, VERL_NAMES
 from monitor.importers.parsed import ParsedLog, merge_records, to_columns
 from monitor.importers.reading import Diagnostic, Diagnostics, LogImportError, MalformedLog, ProgressCallback
@@ -35,6 +37,7 @@ __all__ = [
     "detect_format",
     "input_files",
     "load_csv",
+    "load_lldmon_export",
     "load_log",
     "load_swift_jsonl",
     "load_tensorboard",

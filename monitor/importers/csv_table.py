@@ -20,7 +20,7 @@ import csv
 from collections.abc import Callable, Iterator, Sequence
 from typing import Final
 
-from contracts.trainer_keys import TRACKER
+from contracts.trainer_keys import TRACKER, Family
 from monitor.importers.parsed import FileColumns, ParsedLog, Paths
 from monitor.importers.reading import (
     PROGRESS_EVERY,
@@ -67,9 +67,10 @@ def read_csv_table(
     choose_step: StepColumnChooser,
     not_metrics: Sequence[str],
     is_metric: IsMetric,
+    family: Family = TRACKER,
 ) -> FileColumns:
-    """Step records (canonical names, `TRACKER` vocabulary) of one CSV table. `not_metrics`: column names
-    that are never metrics (the step columns); `is_metric` filters the others."""
+    """Step records (canonical names, `family`'s vocabulary) of one CSV table. `not_metrics`: column
+    names that are never metrics (the step columns); `is_metric` filters the others."""
     reader = csv.reader(_decoded_lines(path, progress))
     try:
         header = next(reader)
@@ -85,7 +86,7 @@ def read_csv_table(
         for i, name in enumerate(header)
         if name and name != step_column and name not in not_metrics and is_metric(name)
     ]
-    records = StepRecords(path, diagnostics, TRACKER)
+    records = StepRecords(path, diagnostics, family)
     line = reader.line_num + 1  # where the next record starts
     while True:
         try:

@@ -1,6 +1,7 @@
 """`--format auto`: tell a log's format from its name, then from its first lines.
 
-Order of evidence: a directory or a `*tfevents*` name is TensorBoard; `trainer_state.json`, or any JSON
+Order of evidence: a directory or a `*tfevents*` name is TensorBoard; a Parquet file (its magic bytes) is
+lldmon (`lldmon export`'s table, `lldmon_export.py`); `trainer_state.json`, or any JSON
 whose head has `"log_history"`, is trl-state; a `.jsonl` / `.ndjson` name or a first line that is a JSON
 object is ms-swift when that object has ms-swift's step (`"global_step/max_steps": "12/500"`, Megatron's
 `"iteration"`, old ms-swift's `"global_step"`) and no "step", else verl-jsonl (a first line without a
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Final
 
 from monitor.importers.csv_table import step_column_of
+from monitor.importers.lldmon_export import is_parquet
 from monitor.importers.reading import LogImportError
 from monitor.importers.swift_jsonl import is_swift_object
 from monitor.importers.tensorboard_events import EVENT_FILE_MARKER, event_files
@@ -33,7 +35,8 @@ WANDB_CSV: Final = "wandb-csv"
 CSV: Final = "csv"
 MS_SWIFT: Final = "ms-swift"
 TENSORBOARD: Final = "tensorboard"
-FORMATS: Final = (VERL_JSONL, VERL_CONSOLE, TRL_LOG, TRL_STATE, WANDB_CSV, CSV, MS_SWIFT, TENSORBOARD)
+LLDMON: Final = "lldmon"
+FORMATS: Final = (VERL_JSONL, VERL_CONSOLE, TRL_LOG, TRL_STATE, WANDB_CSV, CSV, MS_SWIFT, TENSORBOARD, LLDMON)
 AUTO: Final = "auto"
 
 SNIFF_BYTES: Final = 64 << 20
@@ -61,6 +64,8 @@ def detect_format(path: str | os.PathLike[str]) -> str:
         return TENSORBOARD
     with open(p, "rb") as handle:
         head = handle.read(HEAD_BYTES)
+    if is_parquet(head):
+        return LLDMON
     if name == "trainer_state.json" or (name.endswith(".json") and b'"log_history"' in head):
         return TRL_STATE
     first = next((ln for ln in head.decode("utf-8", "replace").split("\n") if ln.strip()), "").strip()

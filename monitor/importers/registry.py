@@ -11,6 +11,7 @@ from monitor.importers.csv_table import load_csv
 from monitor.importers.detect import (
     AUTO,
     CSV,
+    LLDMON,
     MS_SWIFT,
     TENSORBOARD,
     TRL_LOG,
@@ -20,6 +21,7 @@ from monitor.importers.detect import (
     WANDB_CSV,
     resolve_format,
 )
+from monitor.importers.lldmon_export import load_lldmon_export
 from monitor.importers.parsed import ParsedLog
 from monitor.importers.reading import LogImportError, ProgressCallback
 from monitor.importers.swift_jsonl import load_swift_jsonl
@@ -42,6 +44,7 @@ LOADERS: Final[dict[str, Loader]] = {
     CSV: load_csv,
     MS_SWIFT: load_swift_jsonl,
     TENSORBOARD: load_tensorboard,
+    LLDMON: load_lldmon_export,
 }
 
 

@@ -1,15 +1,21 @@
 """Online detection after every ingested metrics batch: phases, alerts and the closed-loop directive.
 
-Runs in its own transaction right after the batch's commit and before the acknowledgement, so the
-directive returned to the trainer already reflects the new steps. The run row is locked for the
-duration (see `store.detection.lock_run`), so concurrent batches of one run are processed in order.
+Runs right after the batch's commit and before the acknowledgement, so the directive returned to the
+trainer already reflects the new steps. The new steps are judged in chunks of at most `chunk_points`,
+one transaction each, with the run row locked (see `store.detection.lock_run`), so concurrent batches
+of one run are processed in order; between chunks the lock (on SQLite the one write lock every run
+shares) is released, so a huge batch does not hold up other runs' ingest. One call judges at most
+`max_points`; a larger backlog is judged by the calls of the run's following batches (results do not
+depend on how the steps are split: each step is judged on its own window).
 """
 
 from __future__ import annotations
 
+import logging
+import sys
 import time
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Final
 
 from contracts.metrics import CANONICAL_METRICS
 from contracts.wire import encode_json
@@ -27,8 +33,15 @@ from monitor.store import detection as detection_store
 from monitor.store import events as event_store
 from monitor.telemetry import ServiceMetrics
 
+log = logging.getLogger("lldmon.detection")
+
 DETECTOR_INPUTS = CANONICAL_METRICS
 """Only canonical metrics are read for the detector (importers map trainer names onto them)."""
+CHUNK_POINTS: Final = 256
+"""Steps judged per transaction: about 0.1 ms (one metric) to 2 ms (every canonical metric) each, so
+one chunk holds the lock for some 30 ms to 0.5 s."""
+MAX_POINTS: Final = 5000
+"""Steps judged per call: every batch the client builds (5,000 steps at most) is judged at once."""
 
 
 class DetectionService:
@@ -51,11 +64,32 @@ class DetectionService:
             lam_max=settings.llds_lambda_max,
             escalate_after=settings.llds_escalate_after_steps,
         )
+        self.chunk_points = CHUNK_POINTS
+        self.max_points = MAX_POINTS
 
-    def process(self, run_id: int) -> DirectiveInfo:
-        """Judge the run's steps after the last one judged; returns the directive in force afterwards
-        (read in the same transaction, so the acknowledgement needs no further round trip)."""
+    def process(self, run_id: int, *, catch_up: bool = False) -> DirectiveInfo:
+        """Judge the run's steps after the last one judged, at most `max_points` of them (all of them
+        with `catch_up`: an import's end, a run's finish), a chunk per transaction; returns the
+        directive in force afterwards (read in the last chunk's transaction, so the acknowledgement
+        needs no further round trip)."""
         start = time.perf_counter()
+        budget = sys.maxsize if catch_up else self.max_points
+        while True:
+            n = max(1, min(self.chunk_points, budget))
+            directive, more, notifications = self._process_chunk(run_id, n)
+            self.dispatcher.submit(notifications)
+            budget -= n
+            if not more:
+                break
+            if budget <= 0:
+                log.info("run %s: %d steps judged, the rest with its next batches", run_id, self.max_points)
+                break
+        self.telemetry.detector_seconds.observe(time.perf_counter() - start)
+        return directive
+
+    def _process_chunk(self, run_id: int, n: int) -> tuple[DirectiveInfo, bool, list[Notification]]:
+        """Judge the next `n` new steps in one transaction: (directive, whether steps remain, what to
+        notify once committed)."""
         notifications: list[Notification] = []
         with self.db.write() as conn:
             target = detection_store.lock_run(conn, run_id)
@@ -64,13 +98,15 @@ class DetectionService:
             config = DetectorConfig().with_overrides(target.overrides)
             state = DetectorState.from_dict(target.state) if target.state else None
             step_min = None
-            if state is not None and state.last_step is not None:
-                step_min = max(0, state.last_step - config.required_history + 1)
-            steps, values, present = detection_store.read_window(conn, run_id, DETECTOR_INPUTS, step_min)
-            if len(steps) == 0 or (
-                state is not None and state.last_step is not None and steps[-1] <= state.last_step
-            ):
-                return event_store.current_directive(conn, run_id)
+            last_judged = state.last_step if state is not None else None
+            if last_judged is not None:
+                step_min = max(0, last_judged - config.required_history + 1)
+            step_max = detection_store.chunk_end(conn, run_id, DETECTOR_INPUTS, last_judged, n)
+            steps, values, present = detection_store.read_window(
+                conn, run_id, DETECTOR_INPUTS, step_min, step_max
+            )
+            if len(steps) == 0 or (last_judged is not None and steps[-1] <= last_judged):
+                return event_store.current_directive(conn, run_id), False, notifications
             result = update(SeriesWindow(steps=steps, values=values, present=present), state, config)
             detection_store.save_state(conn, run_id, encode_json(result.state.to_dict()), result.state.phase)
             for phase_change in result.phase_changes:
@@ -84,8 +120,8 @@ class DetectionService:
                 )
             last_step = int(steps[-1])
             now = datetime.now(timezone.utc)
-            # Episodes that started and already ended inside this batch (a lone NaN grad norm, say)
-            # still open an alert; it resolves with the next batch.
+            # Episodes that started and already ended inside this chunk (a lone NaN grad norm, say)
+            # still open an alert; it resolves with the next chunk.
             ongoing = {f.kind for f in result.findings}
             transient = [f for f in result.started if f.kind not in ongoing]
             active = [
@@ -120,9 +156,7 @@ class DetectionService:
                     step=last_step,
                 )
                 directive = event_store.current_directive(conn, run_id)
-        self.telemetry.detector_seconds.observe(time.perf_counter() - start)
-        self.dispatcher.submit(notifications)
-        return directive
+        return directive, step_max is not None, notifications
 
     def set_overrides(self, principal: Principal, run_id: int, overrides: dict[str, Any]) -> dict[str, Any]:
         """Per-run detector settings; unknown names or bad types are rejected before anything is saved."""

@@ -24,11 +24,10 @@ from typing import IO, Any, Final
 
 from monitor.domain import Principal, Series
 from monitor.errors import InvalidInput
+from monitor.importers.lldmon_export import PARQUET_METADATA_KEY
 from monitor.services.query import QueryService, wide_table
 
 EXPORT_FORMATS: Final = ("csv", "parquet")
-PARQUET_METADATA_KEY: Final = b"lldmon"
-"""Parquet schema metadata key: JSON with the run's id, name and project."""
 
 
 @dataclass(frozen=True)

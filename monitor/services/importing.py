@@ -11,18 +11,23 @@ A run that already holds metrics is refused unless the caller says what to do wi
 - `replace`: first delete the run's metrics, actions, phases, alerts, directives and detector state (its
   config, tags, policy and detector overrides stay), then import as into a new run.
 Parsing happens before anything is written, so a malformed file in strict mode leaves the database as it
-was. If writing fails part way, the batches before the failure stay; import again with `replace`.
+was. If writing stops part way (Ctrl-C, a database error), the batches before stay and the run is marked
+`failed`, never left looking alive (`ImportInterrupted` says how far it got); importing again with `replace`
+(or `append`) completes it, and a complete import leaves a `failed` run `finished`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from contracts.wire import BATCH_ID_MAX_LENGTH
+import numpy as np
+
+from contracts.wire import BATCH_ID_MAX_LENGTH, DEFAULT_PROJECT
 from monitor.domain import AlertInfo, MetricsColumns, PhaseEventInfo, Principal, RunInfo
 from monitor.errors import Conflict, InvalidInput
 from monitor.importers.parsed import ParsedLog
@@ -30,7 +35,7 @@ from monitor.services.alerts import AlertService
 from monitor.services.auth import check_access
 from monitor.services.ingest import IngestService
 from monitor.services.query import QueryService
-from monitor.services.runs import DEFAULT_PROJECT, RunService
+from monitor.services.runs import RunService
 from monitor.store import Database
 from monitor.store import imports as import_store
 
@@ -38,6 +43,18 @@ ImportMode = Literal["new", "append", "replace"]
 IMPORT_MODES: Final = ("new", "append", "replace")
 DEFAULT_CHUNK_STEPS: Final = 50
 """Steps per ingest batch. Online a batch usually holds one step; 50 keeps a 10,000-step import short."""
+
+
+class ImportInterrupted(KeyboardInterrupt):
+    """Ctrl-C while writing: `run` (re-read after marking it failed) holds the log's steps up to its
+    `last_step`, `written` of `total`. A KeyboardInterrupt still, for callers that only know that."""
+
+    def __init__(self, run: RunInfo, written: int, total: int, mode: ImportMode) -> None:
+        super().__init__(f"import into run {run.id} interrupted after {written} of {total} steps")
+        self.run = run
+        self.written = written
+        self.total = total
+        self.mode = mode
 
 
 @dataclass(frozen=True)
@@ -114,17 +131,28 @@ class ImportService:
 
         batch_prefix = f"import-{uuid.uuid4().hex[:12]}-"
         batches = 0
-        for lo in range(0, len(log), chunk_steps):
-            hi = min(lo + chunk_steps, len(log))
-            batch = chunk_columns(log, lo, hi)
-            batch_id = f"{batch_prefix}{batches:06d}"
-            assert len(batch_id) <= BATCH_ID_MAX_LENGTH
-            self.ingest.ingest_metrics(principal, run.id, batch_id, batch)
-            batches += 1
-            if on_steps is not None:
-                on_steps(hi - lo)
+        try:
+            for lo in range(0, len(log), chunk_steps):
+                hi = min(lo + chunk_steps, len(log))
+                batch = chunk_columns(log, lo, hi)
+                batch_id = f"{batch_prefix}{batches:06d}"
+                assert len(batch_id) <= BATCH_ID_MAX_LENGTH
+                self.ingest.ingest_metrics(principal, run.id, batch_id, batch)
+                batches += 1
+                if on_steps is not None:
+                    on_steps(hi - lo)
+        except BaseException as exc:
+            stopped = self._mark_failed(principal, run)
+            if isinstance(exc, KeyboardInterrupt) and stopped is not None:
+                last = stopped.last_step
+                written = 0 if last is None else int(np.searchsorted(log.steps, last, side="right"))
+                raise ImportInterrupted(stopped, written, len(log), mode) from None
+            raise
 
+        self.ingest.judge_backlog(run.id)  # a chunk over the detector's per-batch bound
         previous_status = existing.status if existing is not None else None
+        if previous_status == "failed":  # what an interrupted import leaves: now complete
+            previous_status = "finished"
         if previous_status != "running":
             self.runs.finish(principal, run.id, previous_status or "finished")
         phases = [e for e in self.query.phase_events(principal, run.id) if e.id not in phases_before]
@@ -145,6 +173,12 @@ class ImportService:
             phases=phases,
             alerts=alerts,
         )
+
+    def _mark_failed(self, principal: Principal, run: RunInfo) -> RunInfo | None:
+        """Best effort (the database may be what failed): the run as marked, or None."""
+        with contextlib.suppress(Exception):
+            return self.runs.finish(principal, run.id, "failed")
+        return None
 
 
 def chunk_columns(log: ParsedLog, lo: int, hi: int) -> MetricsColumns:

@@ -1,12 +1,23 @@
 """Ingest: one transaction per batch (run check, ledger entry, rows, run activity), acknowledged after
 commit with the run's directive. A metrics batch then runs the detector, whose transaction also reads
-the directive it may have just changed: two transactions per metrics batch, one per actions batch."""
+the directive it may have just changed: two transactions per metrics batch, one per actions batch
+(a metrics batch of more than `DetectionService.chunk_points` new steps gets one detector transaction
+per chunk).
+
+The ledger is keyed by (run, kind, batch id) and keeps a digest of the decoded payload: a re-sent batch
+is a duplicate only if its payload is the same; the same id with another payload is a 409, since
+acknowledging it would silently drop data."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 
+import msgspec
+from sqlalchemy import Connection
+
 from monitor.domain import ActionColumns, DirectiveInfo, IngestAck, MetricsColumns, Principal
+from monitor.errors import Conflict
 from monitor.services.detection import DetectionService
 from monitor.services.runs import RunService
 from monitor.store import Database
@@ -33,7 +44,7 @@ class IngestService:
         last_step = max(batch.steps) if batch.steps else None
         with self.telemetry.time_ingest("metrics"), self.db.write() as conn:
             RunService.get_in(conn, principal, run_id)
-            previous = ingest_store.claim_batch(conn, run_id, batch_id, "metrics", len(batch))
+            previous = _claim(conn, run_id, "metrics", batch_id, batch, len(batch))
             if previous is None:
                 ingest_store.write_metrics(conn, run_id, batch)
                 run_store.touch_run(conn, run_id, last_step)
@@ -43,14 +54,19 @@ class IngestService:
             directive = self._detect(run_id)
         return self._ack("metrics", batch_id, len(batch), previous, directive, last_step)
 
-    def _detect(self, run_id: int) -> DirectiveInfo:
+    def judge_backlog(self, run_id: int) -> DirectiveInfo:
+        """Judge every step not judged yet (a batch over the detector's per-batch bound leaves some):
+        at an import's end and a run's finish, which have no next batch to do it."""
+        return self._detect(run_id, catch_up=True)
+
+    def _detect(self, run_id: int, *, catch_up: bool = False) -> DirectiveInfo:
         """Run the detector over the new steps; the directive after it.
 
         The batch is committed: a detector failure must not turn its acknowledgement into an error.
         Steps it missed are picked up by the next batch (the window starts at the last processed step).
         """
         try:
-            return self.detection.process(run_id)
+            return self.detection.process(run_id, catch_up=catch_up)
         except Exception:
             log.exception("detector failed on run %s; will catch up on the next batch", run_id)
         with self.db.read() as conn:
@@ -61,7 +77,7 @@ class IngestService:
     ) -> IngestAck:
         with self.telemetry.time_ingest("actions"), self.db.write() as conn:
             RunService.get_in(conn, principal, run_id)
-            previous = ingest_store.claim_batch(conn, run_id, batch_id, "actions", len(batch))
+            previous = _claim(conn, run_id, "actions", batch_id, batch, len(batch))
             if previous is None:
                 ingest_store.write_actions(conn, run_id, batch)
                 run_store.touch_run(conn, run_id, None)
@@ -86,3 +102,26 @@ class IngestService:
             directive=directive,
             last_step=last_step,
         )
+
+
+def payload_digest(batch: MetricsColumns | ActionColumns) -> str:
+    """SHA-256 of the decoded batch (msgpack keeps +-inf and None apart, unlike JSON), so that a
+    re-send is recognised whatever its JSON spelling (tokens or strings, spacing, gzip)."""
+    return hashlib.sha256(msgspec.msgpack.encode(batch)).hexdigest()
+
+
+def _claim(
+    conn: Connection, run_id: int, kind: str, batch_id: str, batch: MetricsColumns | ActionColumns, rows: int
+) -> int | None:
+    """None for a new batch; the rows first acknowledged for a re-send of the same payload."""
+    digest = payload_digest(batch)
+    previous = ingest_store.claim_batch(conn, run_id, kind, batch_id, digest, rows)
+    if previous is None:
+        return None
+    if previous.digest is not None and previous.digest != digest:
+        raise Conflict(
+            f"{kind} batch {batch_id!r} was already received with a different payload; "
+            "a new batch needs a new batch_id",
+            field="batch_id",
+        )
+    return previous.n_rows

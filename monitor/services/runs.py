@@ -2,21 +2,45 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any, Final
 
 from sqlalchemy import Connection
 
-from contracts.wire import DIRECTIVE_POLICIES, RUN_STATUSES
+from contracts.wire import DEFAULT_PROJECT, DIRECTIVE_POLICIES, RUN_STATUSES
 from monitor.domain import Principal, RunFilter, RunInfo
 from monitor.errors import Forbidden, InvalidInput, NotFound
 from monitor.services.auth import check_access
 from monitor.store import Database
 from monitor.store import runs as run_store
 
-DEFAULT_PROJECT = "default"
 MAX_RUN_ID: Final = 2**31 - 1
 """runs.id is a 32-bit INTEGER on PostgreSQL: a larger id cannot exist (and would overflow the driver)."""
+MAX_CONFIG_DEPTH: Final = run_store.MAX_CONFIG_DEPTH
+MAX_CONFIG_BYTES: Final = 256 * 1024
+"""Encoded size a run config may have: it is returned with every listing of its run."""
+
+
+def config_problem(config: Any) -> str | None:
+    """Why `config` cannot be stored (nested too deeply, too large), or None."""
+    clean, too_deep = run_store.bounded_json(config)
+    if too_deep is not None:
+        return f"config is nested deeper than {MAX_CONFIG_DEPTH} levels (at {too_deep})"
+    size = len(json.dumps(clean, ensure_ascii=False).encode("utf-8", "surrogatepass"))  # text: checked later
+    if size > MAX_CONFIG_BYTES:
+        return f"config is {size} bytes as JSON, more than the {MAX_CONFIG_BYTES} allowed"
+    return None
+
+
+def checked_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The config as it will be stored (non-finite floats as "NaN", "Infinity", "-Infinity" on every
+    database), or InvalidInput naming `config` if it is nested too deeply or too large."""
+    problem = config_problem(config)
+    if problem is not None:
+        raise InvalidInput(problem, field="config")
+    clean: dict[str, Any] = run_store.bounded_json(config)[0]
+    return clean
 
 
 class RunService:
@@ -32,6 +56,7 @@ class RunService:
         tags: list[str],
     ) -> tuple[RunInfo, bool]:
         """Create the run or return the existing one of that name in the project."""
+        config = checked_config(config)
         if not principal.unrestricted:
             if project is not None and project != principal.project:
                 raise Forbidden(f"this token belongs to project {principal.project!r}, not {project!r}")

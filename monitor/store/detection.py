@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, select, union_all, update
 
 from monitor.db.models import Project, Run, StepMetric
 from monitor.store._sql import table_of
@@ -62,19 +62,28 @@ def set_overrides(conn: Connection, run_id: int, overrides: dict[str, Any]) -> N
     conn.execute(update(runs).where(runs.c.id == run_id).values(detector_overrides=overrides))
 
 
-def max_step(conn: Connection, run_id: int, names: Sequence[str]) -> int | None:
-    from sqlalchemy import func
+def chunk_end(conn: Connection, run_id: int, names: Sequence[str], after: int | None, n: int) -> int | None:
+    """The n-th distinct step after `after` (all steps if None) at which any of `names` was logged, or
+    None if there are n or fewer: where a detector chunk of at most n new steps ends.
 
-    value = conn.execute(
-        select(func.max(step_metrics.c.step)).where(
-            step_metrics.c.run_id == run_id, step_metrics.c.name.in_(names)
+    One index range scan per name, each stopped after n + 1 rows, so the cost does not grow with the
+    backlog (a DISTINCT over all new steps would sort a million-step batch for every chunk)."""
+    per_name = []
+    for name in names:
+        query = select(step_metrics.c.step).where(
+            step_metrics.c.run_id == run_id, step_metrics.c.name == name
         )
-    ).scalar_one_or_none()
-    return None if value is None else int(value)
+        if after is not None:
+            query = query.where(step_metrics.c.step > after)
+        per_name.append(select(query.order_by(step_metrics.c.step).limit(n + 1).subquery().c.step))
+    if not per_name:
+        return None
+    steps = sorted({int(s) for s in conn.execute(union_all(*per_name)).scalars()})
+    return steps[n - 1] if len(steps) > n else None
 
 
 def read_window(
-    conn: Connection, run_id: int, names: Sequence[str], step_min: int | None
+    conn: Connection, run_id: int, names: Sequence[str], step_min: int | None, step_max: int | None = None
 ) -> tuple[npt.NDArray[np.int64], dict[str, npt.NDArray[np.float64]], dict[str, npt.NDArray[np.bool_]]]:
     """Aligned arrays over the union of steps: values (NaN where absent or NaN) and presence masks."""
     query = select(step_metrics.c.name, step_metrics.c.step, step_metrics.c.value).where(
@@ -82,6 +91,8 @@ def read_window(
     )
     if step_min is not None:
         query = query.where(step_metrics.c.step >= step_min)
+    if step_max is not None:
+        query = query.where(step_metrics.c.step <= step_max)
     rows = conn.execute(query).all()
     if not rows:
         return np.zeros(0, dtype=np.int64), {}, {}

@@ -6,12 +6,13 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select
 
-from monitor.db.models import Directive, PhaseEvent
+from monitor.db.models import Directive, PhaseEvent, Run
 from monitor.domain import DirectiveInfo, PhaseEventInfo
 from monitor.store._sql import table_of
 
 directives = table_of(Directive)
 phase_events = table_of(PhaseEvent)
+runs = table_of(Run)
 
 
 def current_directive(conn: Connection, run_id: int) -> DirectiveInfo:
@@ -40,22 +41,35 @@ def append_directive(
     reason: str,
     source: str,
     step: int | None,
-) -> None:
-    """Append the next version; the (run_id, version) key makes a concurrent writer fail, not interleave."""
-    latest = conn.execute(
-        select(func.max(directives.c.version)).where(directives.c.run_id == run_id)
-    ).scalar_one_or_none()
-    conn.execute(
-        directives.insert().values(
+) -> int:
+    """Append the next version of the run's directive and return it.
+
+    Concurrent writers (threads, worker processes, two servers on one SQLite file) must queue, not
+    collide on (run_id, version): on PostgreSQL the run's row lock (FOR UPDATE, also what the detector
+    holds) serialises them and the next statement sees the committed maximum; on SQLite the version
+    is read inside the INSERT itself, which holds the database's single write lock.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(select(runs.c.id).where(runs.c.id == run_id).with_for_update())
+    next_version = (
+        select(func.coalesce(func.max(directives.c.version), 0) + 1)
+        .where(directives.c.run_id == run_id)
+        .scalar_subquery()
+    )
+    result = conn.execute(
+        directives.insert()
+        .values(
             run_id=run_id,
-            version=(latest or 0) + 1,
+            version=next_version,
             llds_enabled=llds_enabled,
             llds_lambda=llds_lambda,
             reason=reason,
             source=source,
             step=step,
         )
+        .returning(directives.c.version)
     )
+    return int(result.scalar_one())
 
 
 def directive_history(conn: Connection, run_id: int) -> list[DirectiveInfo]:

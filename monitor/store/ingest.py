@@ -8,15 +8,16 @@ SQLite: one executemany upsert.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, select
 
 from monitor.db.models import IngestBatch
 from monitor.domain import ActionColumns, MetricsColumns
-from monitor.store._sql import insert_ignore, upsert_many
+from monitor.store._sql import insert_ignore, table_of, upsert_many
 
-ingest_batches = IngestBatch.__table__
+ingest_batches = table_of(IngestBatch)
 
 METRIC_COLUMNS = ("run_id", "name", "step", "value")
 METRIC_KEYS = ("run_id", "name", "step")
@@ -36,21 +37,35 @@ ACTION_COLUMNS = (
 ACTION_KEYS = ("run_id", "step", "source", "traj_index", "action_index")
 
 
-def claim_batch(conn: Connection, run_id: int, batch_id: str, kind: str, n_rows: int) -> int | None:
-    """Record the batch in the ledger. Returns None if new, else the row count first acknowledged.
+@dataclass(frozen=True)
+class LedgerEntry:
+    """What the ledger holds for a batch id already received."""
+
+    n_rows: int
+    digest: str | None
+    """None for entries written before the ledger stored digests (revision 0003)."""
+
+
+def claim_batch(
+    conn: Connection, run_id: int, kind: str, batch_id: str, digest: str, n_rows: int
+) -> LedgerEntry | None:
+    """Record the batch in the ledger of its run and kind. Returns None if new, else the entry first
+    recorded under that id (the caller compares digests).
 
     The ledger row is written in the same transaction as the data, so a batch is either stored
     with its ledger entry or not at all; a concurrent duplicate waits on the key and then sees it.
     """
-    row = {"run_id": run_id, "batch_id": batch_id, "kind": kind, "n_rows": n_rows}
+    row = {"run_id": run_id, "kind": kind, "batch_id": batch_id, "digest": digest, "n_rows": n_rows}
     if insert_ignore(conn, ingest_batches, row):
         return None
     stored = conn.execute(
-        select(ingest_batches.c.n_rows).where(
-            ingest_batches.c.run_id == run_id, ingest_batches.c.batch_id == batch_id
+        select(ingest_batches.c.n_rows, ingest_batches.c.digest).where(
+            ingest_batches.c.run_id == run_id,
+            ingest_batches.c.kind == kind,
+            ingest_batches.c.batch_id == batch_id,
         )
-    ).scalar_one()
-    return int(stored)
+    ).one()
+    return LedgerEntry(int(stored.n_rows), stored.digest)
 
 
 def write_metrics(conn: Connection, run_id: int, batch: MetricsColumns) -> None:

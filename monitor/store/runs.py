@@ -1,12 +1,20 @@
-"""Projects and runs."""
+"""Projects and runs.
+
+Run configs are free-form JSON. They are stored in strict JSON (non-finite floats as the wire strings
+"NaN", "Infinity", "-Infinity", which PostgreSQL's json type requires and SQLite would otherwise keep
+as tokens that read back as NaN) and read defensively: a row stored before depth was validated must
+not break every listing of its project (pydantic refuses to serialise ~255 levels, json ~1000).
+"""
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
-from typing import Any
+from typing import Any, Final
 
-from sqlalchemy import Connection, Row, func, select, update
+from sqlalchemy import Connection, Row, Text, cast, func, select, update
 
+from contracts.wire import encode_float
 from monitor.db.models import Project, Run, RunTag
 from monitor.domain import RunFilter, RunInfo
 from monitor.store._sql import insert_ignore, table_of
@@ -15,7 +23,53 @@ projects = table_of(Project)
 runs = table_of(Run)
 run_tags = table_of(RunTag)
 
-_RUN_COLUMNS = (*runs.c, projects.c.name.label("project_name"))
+MAX_CONFIG_DEPTH: Final = 32
+"""Nesting levels a run config may have (the config object itself is level 1)."""
+TOO_DEEP: Final = f"<nested deeper than {MAX_CONFIG_DEPTH} levels: not shown>"
+"""Stands in, on reads, for what lies deeper than MAX_CONFIG_DEPTH in a config stored before the check."""
+UNREADABLE: Final = {"<lldmon>": "stored config could not be read (nested too deeply)"}
+
+# The config is read as text and parsed here, so one over-deep row cannot fail the whole query.
+_RUN_COLUMNS = (
+    *(c for c in runs.c if c.name != "config"),
+    cast(runs.c.config, Text).label("config_text"),
+    projects.c.name.label("project_name"),
+)
+
+
+def bounded_json(value: Any, max_depth: int = MAX_CONFIG_DEPTH) -> tuple[Any, str | None]:
+    """`value` in strict JSON form (non-finite floats as wire strings, tuples as lists) with every
+    container deeper than `max_depth` replaced by TOO_DEEP; and the path of the first one replaced
+    (`config.a[0]`), None if nothing was. Recursion is bounded by `max_depth`, never by the input."""
+    first: list[str] = []
+
+    def walk(v: Any, depth: int, path: str) -> Any:
+        if isinstance(v, float):
+            return encode_float(v)
+        if not isinstance(v, (dict, list, tuple)):
+            return v
+        if depth > max_depth:
+            if not first:
+                first.append(path)
+            return TOO_DEEP
+        if isinstance(v, dict):
+            return {str(k): walk(item, depth + 1, f"{path}.{k}") for k, item in v.items()}
+        return [walk(item, depth + 1, f"{path}[{i}]") for i, item in enumerate(v)]
+
+    out = walk(value, 1, "config")
+    return out, (first[0] if first else None)
+
+
+def _config_of(text: str | None) -> dict[str, Any]:
+    """A stored config for reading: parsed here (see _RUN_COLUMNS), bounded, non-finite floats as strings."""
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        return dict(UNREADABLE)
+    value, _ = bounded_json(value)
+    return value if isinstance(value, dict) else {}
 
 
 def get_or_create_project(conn: Connection, name: str) -> int:
@@ -37,7 +91,9 @@ def create_run(
     An existing run is marked running again and gains any new tags; its config is kept.
     """
     created = insert_ignore(
-        conn, runs, {"project_id": project_id, "name": name, "config": config, "status": "running"}
+        conn,
+        runs,
+        {"project_id": project_id, "name": name, "config": bounded_json(config)[0], "status": "running"},
     )
     run_id = conn.execute(
         select(runs.c.id).where(runs.c.project_id == project_id, runs.c.name == name)
@@ -128,7 +184,7 @@ def _to_run(row: Row[Any], tags: list[str]) -> RunInfo:
         project=row.project_name,
         project_id=row.project_id,
         name=row.name,
-        config=row.config or {},
+        config=_config_of(row.config_text),
         tags=tags,
         status=row.status,
         directive_policy=row.directive_policy,

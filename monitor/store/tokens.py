@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import Connection, delete, func, select, update
 
 from monitor.db.models import ApiToken, Project
 from monitor.domain import TokenInfo
@@ -31,11 +31,24 @@ def find_active(conn: Connection, token_hash: str) -> tuple[int, str] | None:
     return None if row is None else (int(row[0]), str(row[1]))
 
 
-def any_active(conn: Connection) -> bool:
-    return (
-        conn.execute(select(api_tokens.c.id).where(api_tokens.c.revoked_at.is_(None)).limit(1)).first()
-        is not None
-    )
+def any_token(conn: Connection) -> bool:
+    """Whether a token row exists, revoked or not: what keeps auth on (revoking never opens the API)."""
+    return conn.execute(select(api_tokens.c.id).limit(1)).first() is not None
+
+
+def active_ids(conn: Connection) -> list[int]:
+    query = select(api_tokens.c.id).where(api_tokens.c.revoked_at.is_(None)).order_by(api_tokens.c.id)
+    return [int(i) for i in conn.scalars(query)]
+
+
+def count_revoked(conn: Connection) -> int:
+    query = select(func.count()).select_from(api_tokens).where(api_tokens.c.revoked_at.is_not(None))
+    return int(conn.execute(query).scalar_one())
+
+
+def delete_revoked(conn: Connection) -> int:
+    """Forget revoked tokens (`lldmon auth off`); returns how many rows went."""
+    return int(conn.execute(delete(api_tokens).where(api_tokens.c.revoked_at.is_not(None))).rowcount)
 
 
 def list_tokens(conn: Connection) -> list[TokenInfo]:

@@ -81,12 +81,12 @@ def test_tokens_gate_the_dashboard_like_the_api(client: TestClient, app: Any) ->
     assert ok.status_code == 200 and ok.json()["response"]["whoami"]["children"] == "project nq"
     assert "llds-on" in str(ok.json())  # directive controls for the run's project
 
-    # An Authorization header works without cookies; another project's token gets a 403 page.
+    # An Authorization header works without cookies; another project's run is a 404 page (as if missing).
     client.cookies.clear()
     bearer = {"Authorization": f"Bearer {other_token}"}
     assert client.get("/dashboard/", headers={**HTML, **bearer}).status_code == 200
     forbidden = route(client, f"/dashboard/run/{run_id}", headers=bearer).json()["response"]["page"]
-    assert "403" in str(forbidden) and "llds-on" not in str(forbidden)
+    assert f"run {run_id} does not exist" in str(forbidden) and "llds-on" not in str(forbidden)
     assert "nq-run" not in str(route(client, "/dashboard/", headers=bearer).json())
 
     # Static bundles carry no data and load without a token.

@@ -198,7 +198,10 @@ def test_directive_controls_write_through_the_services(
         and directive.llds_lambda == pytest.approx(0.3)
         and directive.source == "manual"
     )
-    assert set_llds(dctx, OPEN, collapsed, True, -1.0) == ("422: lambda must be a finite number >= 0", False)
+    assert set_llds(dctx, OPEN, collapsed, True, -1.0) == (
+        "422: llds.lam: Input should be greater than or equal to 0",  # the API's own check (PUT /directive)
+        False,
+    )
     assert set_llds(dctx, OPEN, collapsed, False, None)[1]
     assert not state.query.directive(OPEN, collapsed).llds_enabled
     assert set_policy(dctx, OPEN, collapsed, "auto") == ("policy set to auto", True)
@@ -292,5 +295,5 @@ def test_pages_by_url(client: TestClient, dctx: DashContext, state: AppState, co
     assert "run 999 does not exist" in str(render_page(dctx, OPEN, "run/999", None))
     other = state.auth.authenticate(f"Bearer {state.auth.create_token('other')[0]}")
     page = str(render_page(dctx, other, f"run/{collapsed}", None))
-    assert "403" in page and "llds-on" not in page
+    assert f"run {collapsed} does not exist" in page and "llds-on" not in page
     assert whoami(other) == "project other" and whoami(OPEN) == "auth off (local)"

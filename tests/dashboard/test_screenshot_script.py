@@ -19,7 +19,7 @@ import pytest
 
 from contracts.wire import API_PREFIX
 from monitor.detector.scenarios import collapse_scenario
-from tests.dashboard.test_browser import CHROMEDRIVER, CHROMIUM
+from tests.dashboard.conftest import CHROMEDRIVER, CHROMIUM
 from tests.dashboard.test_callbacks import head
 from tests.live_server import LiveServer
 from tests.monitor.api.test_detection_flow import stream

@@ -201,10 +201,13 @@ def test_ingest_round_trip_later_wins_across_batches_and_resend_is_a_no_op(
         ack = response.json()
         assert ack["duplicate"] is False
         assert ack["rows"] == len(expected_points([batch]))
-    if resend_first:  # a lost acknowledgement: the same batch id again, even with other values
-        again = {**batches[0], "metrics": {n: [0.5] * len(c) for n, c in batches[0]["metrics"].items()}}
-        ack = client.post(url, content=to_json(again, form)).json()
+    if resend_first:  # a lost acknowledgement: the same batch again is a no-op
+        ack = client.post(url, content=to_json(batches[0], form)).json()
         assert ack["duplicate"] is True
+        # other values under the same batch id are refused (409), never silently dropped
+        again = {**batches[0], "metrics": {n: [0.5] * len(c) for n, c in batches[0]["metrics"].items()}}
+        same = decode_metrics(to_json(again, "tokens")) == decode_metrics(to_json(batches[0], "tokens"))
+        assert client.post(url, content=to_json(again, form)).status_code == (200 if same else 409)
     expected = {key: encode_float(value) for key, value in expected_points(batches).items()}
     got = stored(client, run_id)
     assert got.keys() == expected.keys()

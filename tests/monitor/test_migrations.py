@@ -69,3 +69,46 @@ def test_outdated_schema_fails_fast_with_the_command(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'x.db'}"
     with pytest.raises(SchemaOutdated, match="lldmon db upgrade"):
         build_state(Settings(database_url=url, auto_upgrade=False))
+
+
+def test_ledger_migration_keeps_its_entries_up_and_down(empty_url: str) -> None:
+    """0003 keys the ledger by (run, kind, batch id) with a digest: entries from before it stay (a
+    re-send of one is still a duplicate) and downgrading keeps one entry per (run, batch id)."""
+    from sqlalchemy import text
+
+    from monitor.store import ingest as ingest_store
+
+    upgrade(empty_url, "0002")
+    engine = make_engine(empty_url)
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO projects (id, name) VALUES (1, 'p')"))
+        conn.execute(
+            text(
+                "INSERT INTO runs (id, project_id, name, config, status, directive_policy) "
+                "VALUES (1, 1, 'r', '{}', 'running', 'alert')"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO ingest_batches (run_id, batch_id, kind, n_rows) VALUES (1, 'old', 'metrics', 3)"
+            )
+        )
+    upgrade(empty_url, "0003")
+    assert inspect(engine).get_pk_constraint("ingest_batches")["constrained_columns"] == [
+        "run_id",
+        "kind",
+        "batch_id",
+    ]
+    with engine.begin() as conn:
+        old = ingest_store.claim_batch(conn, 1, "metrics", "old", "f" * 64, 3)
+        assert old is not None and old.n_rows == 3 and old.digest is None  # a re-send: duplicate
+        assert ingest_store.claim_batch(conn, 1, "actions", "old", "a" * 64, 2) is None  # its own ledger
+    downgrade(empty_url, "0002")
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT run_id, batch_id, kind, n_rows FROM ingest_batches")).all()
+    assert [tuple(r) for r in rows] == [(1, "old", "metrics", 3)]
+    assert "digest" not in {c["name"] for c in inspect(engine).get_columns("ingest_batches")}
+    upgrade(empty_url)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM ingest_batches")).scalar_one() == 1
+    engine.dispose()

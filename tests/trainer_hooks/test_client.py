@@ -4,9 +4,11 @@ for the status codes a healthy server does not produce on demand (429, 503)."""
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import logging
 import math
+import re
 import subprocess
 import sys
 import threading
@@ -460,4 +462,8 @@ def test_spool_limit_drops_oldest_batches_first(
     steps = [e.body["steps"][0] for e in spool.iter_entries(client.spool_dir)]
     assert steps == list(range(100 - count, 100))  # the newest survive, in order
     assert client.stats.dropped == 100 - count
-    assert sum("over its limit" in r.getMessage() for r in caplog.records) == 1
+    # every drop is logged (data lost for good), with the running count
+    drops = [r.getMessage() for r in caplog.records if "over its limit" in r.getMessage()]
+    dropped_now = [int(re.search(r"dropped the (\d+) oldest", m).group(1)) for m in drops]  # type: ignore[union-attr]
+    so_far = [int(re.search(r"(\d+) batches dropped so far", m).group(1)) for m in drops]  # type: ignore[union-attr]
+    assert so_far == list(itertools.accumulate(dropped_now)) and so_far[-1] == 100 - count

@@ -103,7 +103,7 @@ def test_fetch_metrics_with_auth_on(server: LiveServer) -> None:
             fetch_metrics(server.url, "nb", token="lldm_forged")
         frame = fetch_metrics(server.url, "nb", token=nq_token)  # the token sees one run named nb
         pd.testing.assert_frame_equal(frame, expected({"m/a": A, "m/b": B}))
-        with pytest.raises(AccessDenied, match="belongs to project 'hotpot', not 'nq'"):
+        with pytest.raises(RunNotFound, match=f"run {frame.attrs['run_id']} does not exist"):
             fetch_metrics(server.url, frame.attrs["run_id"], token=hotpot_token)
         with pytest.raises(RunNotFound, match="no run named 'nb' in project 'nq'"):
             fetch_metrics(server.url, "nb", project="nq", token=hotpot_token)
@@ -111,6 +111,7 @@ def test_fetch_metrics_with_auth_on(server: LiveServer) -> None:
     finally:  # auth off again for the other tests
         state.auth.revoke(nq_id)
         state.auth.revoke(hotpot_id)
+        state.auth.turn_off()  # revoking alone keeps auth on
         state.db.dispose()
 
 

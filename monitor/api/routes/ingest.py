@@ -14,12 +14,12 @@ from monitor.api.schemas import ErrorOut, IngestAckOut
 from monitor.api.state import AppState, get_principal, get_state
 from monitor.api.wire import decode_actions, decode_metrics
 from monitor.domain import IngestAck, Principal
-from monitor.errors import InvalidInput, PayloadTooLarge
+from monitor.errors import Conflict, InvalidInput, PayloadTooLarge
 
 router = APIRouter(prefix="/runs/{run_id}", tags=["ingest"])
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorOut} for code in (401, 403, 404, 413, 422, 503)
+    code: {"model": ErrorOut} for code in (401, 403, 404, 409, 413, 422, 503)
 }
 
 
@@ -44,7 +44,8 @@ async def ingest_metrics(
     state: AppState = Depends(get_state),
     principal: Principal = Depends(get_principal),
 ) -> IngestAckOut:
-    """Store a batch of step metrics; a re-sent `batch_id` is acknowledged without writing again."""
+    """Store a batch of step metrics; a re-sent `batch_id` is acknowledged without writing again (409 if
+    its payload differs from the first delivery's)."""
 
     def work(body: bytes) -> IngestAck:
         batch_id, batch = decode_metrics(body)
@@ -80,7 +81,7 @@ async def _ingest(
     try:
         body = await read_limited_body(request, state.settings.max_body_bytes)
         ack = await run_in_threadpool(work, body)
-    except (InvalidInput, PayloadTooLarge):
+    except (InvalidInput, PayloadTooLarge, Conflict):
         state.telemetry.record_rejected(kind)
         raise
     return IngestAckOut.of(ack)

@@ -58,6 +58,8 @@ def finish_run(
     principal: Principal = Depends(get_principal),
 ) -> RunOut:
     status = body.status if body is not None else "finished"
+    state.runs.get(principal, run_id)  # access first: a stranger's request judges nothing
+    state.ingest.judge_backlog(run_id)  # steps of a batch over the detector's per-batch bound
     return RunOut.of(state.runs.finish(principal, run_id, status))
 
 
