@@ -1,10 +1,17 @@
-"""The directive: what the service wants the trainer to do now (switch LLDS), its wire shape and its
-one parser, shared by the service (`monitor`) and the trainer side (`trainer_hooks`).
+"""The directive: what the service wants the trainer to do now (switch LLDS, save a checkpoint, stop),
+its wire shape and its one parser, shared by the service (`monitor`) and the trainer side (`trainer_hooks`).
 
 Wire shape (the `directive` of an ingest acknowledgement, GET /runs/{id}/directive)::
 
-    {"llds": {"enabled": true, "lam": 0.2}, "version": 3, "reason": "phase II: LLD",
-     "source": "policy", "step": 120}
+    {"llds": {"enabled": true, "lam": 0.2}, "version": 7, "reason": "phase II: LLD",
+     "source": "detector", "step": 120,
+     "checkpoint": 6, "stop": 0, "stop_reason": "", "stop_on_collapse": false, "applied_version": 5}
+
+`checkpoint` and `stop` are request ids: the version of the directive that asked for them (0: never asked;
+a later request gets a larger id), so a trainer acts once per request (`LeverTracker`), and a restarted
+trainer does not repeat what one before it acknowledged: `applied_version` is the highest version any
+trainer of the run acknowledged, by logging it as the metric `APPLIED_VERSION_METRIC`. Servers older
+than these levers send none of them: they read as 0 / "" / false.
 
 verl's directive file holds the same object or only its LLDS part, flat: `{"enabled": true, "lam": 0.2}`.
 `parse_directive` reads all of them (and `Directive` objects, or objects with the same attributes).
@@ -18,11 +25,32 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-__all__ = ["DEFAULT_LLDS_LAMBDA", "Directive", "LLDSDirective", "parse_directive"]
+__all__ = [
+    "APPLIED_VERSION_METRIC",
+    "DEFAULT_LLDS_LAMBDA",
+    "SOURCE_DEFAULT",
+    "SOURCE_DETECTOR",
+    "SOURCE_MANUAL",
+    "Directive",
+    "LLDSDirective",
+    "LeverTracker",
+    "Levers",
+    "parse_directive",
+]
 
 DEFAULT_LLDS_LAMBDA: Final = 0.2
 """LLDS weight lambda ([LLD] Sec. 5.5, lld-reference.md section 4: 0.2; 0.3 for Qwen2.5-7B-Instruct;
 0.01 only delays collapse)."""
+
+APPLIED_VERSION_METRIC: Final = "directive/applied_version"
+"""The trainer's acknowledgement: the highest directive version it applied, logged with its next metrics."""
+
+SOURCE_DEFAULT: Final = "default"
+"""Who made a directive version: nobody yet (version 0), ..."""
+SOURCE_DETECTOR: Final = "detector"
+"""... the service's policy (`auto`, stop-on-collapse), ..."""
+SOURCE_MANUAL: Final = "manual"
+"""... or a person (API, CLI, dashboard)."""
 
 
 @dataclass(frozen=True)
@@ -38,8 +66,75 @@ class Directive:
     llds: LLDSDirective = field(default_factory=LLDSDirective)
     version: int = 0
     reason: str = "default"
-    source: str = "default"
+    source: str = SOURCE_DEFAULT
     step: int | None = None
+    checkpoint: int = 0
+    """Id of the latest checkpoint request (the version that made it); 0: none."""
+    stop: int = 0
+    """Id of the standing stop request (the version that made it); 0: none."""
+    stop_reason: str = ""
+    stop_on_collapse: bool = False
+    """Whether the service requests a stop when the run enters collapse (opt-in per run)."""
+    applied_version: int = 0
+    """The highest version a trainer of this run acknowledged (`APPLIED_VERSION_METRIC`)."""
+
+    def to_wire(self) -> dict[str, object]:
+        """The wire shape (what verl's directive file holds)."""
+        return {
+            "llds": {"enabled": self.llds.enabled, "lam": self.llds.lam},
+            "version": self.version,
+            "reason": self.reason,
+            "source": self.source,
+            "step": self.step,
+            "checkpoint": self.checkpoint,
+            "stop": self.stop,
+            "stop_reason": self.stop_reason,
+            "stop_on_collapse": self.stop_on_collapse,
+            "applied_version": self.applied_version,
+        }
+
+
+@dataclass(frozen=True)
+class Levers:
+    """What a trainer should do now, once: save a checkpoint, stop (after saving), and which directive
+    version to acknowledge (None: nothing new)."""
+
+    checkpoint: bool = False
+    stop: bool = False
+    stop_reason: str = ""
+    acknowledge: int | None = None
+
+    def metrics(self) -> dict[str, float]:
+        """The acknowledgement as metrics to log with the step (empty if there is nothing to acknowledge)."""
+        return {} if self.acknowledge is None else {APPLIED_VERSION_METRIC: float(self.acknowledge)}
+
+
+class LeverTracker:
+    """Turns the directives a trainer sees into `Levers`, acting once per checkpoint/stop request.
+
+    A request counts as done when this tracker already returned it or when its id is at most the
+    run's `applied_version` (a trainer before a restart acknowledged it). Not thread-safe: one per loop.
+    """
+
+    def __init__(self) -> None:
+        self._checkpoint = 0
+        self._stop = 0
+        self._acknowledged = 0
+
+    def take(self, directive: object) -> Levers:
+        """The levers of `directive` (anything `parse_directive` reads) not acted upon yet."""
+        d = parse_directive(directive)
+        if d is None:
+            return Levers()
+        done = d.applied_version
+        checkpoint = d.checkpoint > max(self._checkpoint, done)
+        stop = d.stop > max(self._stop, done)
+        self._checkpoint = max(self._checkpoint, d.checkpoint)
+        self._stop = max(self._stop, d.stop)
+        acknowledge = None
+        if d.version > max(self._acknowledged, done):
+            acknowledge = self._acknowledged = d.version
+        return Levers(checkpoint, stop, d.stop_reason if stop else "", acknowledge)
 
 
 _MISSING: Final = object()
@@ -60,11 +155,11 @@ def _integer(value: object) -> int | None:
 def parse_directive(obj: object) -> Directive | None:
     """The directive in `obj`, or None if there is none or it is malformed.
 
-    Accepts a `Directive`, the wire shape `{"llds": {"enabled": bool, "lam": number}, "version": int,
-    "reason": str, "source": str, "step": int | null}` (as a mapping or as attributes), or the flat
-    `{"enabled": bool, "lam": number}` of verl's directive file. Strict: `enabled` must be a bool, `lam` a
-    real finite number >= 0 (not a bool), `version` and `step` integers when present. Missing optional
-    fields: version 0, reason "", source "", step None.
+    Accepts a `Directive`, the wire shape (module docstring; as a mapping or as attributes), or the
+    flat `{"enabled": bool, "lam": number}` of verl's directive file. Strict: `enabled` must be a bool,
+    `lam` a real finite number >= 0 (not a bool), `version` and `step` integers, the request ids and
+    `applied_version` integers >= 0, `stop_on_collapse` a bool, when present. Missing optional fields
+    (an older server): version 0, reason "", source "", step None, no requests, applied_version 0.
     """
     if isinstance(obj, Directive):
         return obj
@@ -95,6 +190,21 @@ def parse_directive(obj: object) -> Directive | None:
             if not isinstance(text, str):
                 return None
             texts.append(text)
+        counters = []
+        for key in ("checkpoint", "stop", "applied_version"):
+            raw = _get(obj, key)
+            count = 0 if raw is _MISSING or raw is None else _integer(raw)
+            if count is None or count < 0:
+                return None
+            counters.append(count)
+        stop_reason = _get(obj, "stop_reason")
+        stop_reason = "" if stop_reason is _MISSING or stop_reason is None else stop_reason
+        stop_on_collapse = _get(obj, "stop_on_collapse")
+        stop_on_collapse = (
+            False if stop_on_collapse is _MISSING or stop_on_collapse is None else stop_on_collapse
+        )
+        if not isinstance(stop_reason, str) or not isinstance(stop_on_collapse, bool):
+            return None
     except Exception:  # a hostile object (a property that raises, an overflowing number)
         return None
     return Directive(
@@ -103,4 +213,9 @@ def parse_directive(obj: object) -> Directive | None:
         reason=texts[0],
         source=texts[1],
         step=step,
+        checkpoint=counters[0],
+        stop=counters[1],
+        stop_reason=stop_reason,
+        stop_on_collapse=stop_on_collapse,
+        applied_version=counters[2],
     )

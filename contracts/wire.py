@@ -46,7 +46,15 @@ ACTION_COLUMNS: Final = (
     "source",
 )
 
-RUN_STATUSES: Final = ("running", "finished", "failed", "crashed")
+RUN_STALLED: Final = "stalled"
+"""A running run silent (no batch, no heartbeat) past its stall threshold; a new batch or heartbeat revives it."""
+RUN_CRASHED: Final = "crashed"
+"""Ended without `finish`: reported by the job itself, or silent past its crash threshold."""
+FINISH_STATUSES: Final = ("finished", "failed", RUN_CRASHED)
+"""Statuses `POST /runs/{id}/finish` accepts."""
+RUN_STATUSES: Final = ("running", *FINISH_STATUSES, RUN_STALLED)
+ALERT_RUN_STALLED: Final = "run_stalled"
+"""Alert kind raised by the liveness sweeper (warning when stalled, critical once crashed)."""
 DIRECTIVE_POLICIES: Final = ("off", "alert", "auto")
 
 

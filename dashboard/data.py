@@ -47,7 +47,7 @@ class RunContext:
         parts = [
             ",".join(f"{e.id}" for e in self.events),
             ",".join(f"{a.id}:{a.status}:{a.last_step}" for a in self.alerts),
-            ",".join(f"{d.version}" for d in self.directives),
+            ",".join(f"{d.version}:{d.applied_step}" for d in self.directives),  # acks show in the timeline
         ]
         return "|".join(parts)
 

@@ -14,7 +14,42 @@ from dashboard.theme import PHASE_COLORS, STYLESHEET
 PathFor = Callable[[str], str]
 """Maps an app-relative path ("/run/3") to the browser's URL ("/dashboard/run/3")."""
 
-INDEX_STRING = f"""<!DOCTYPE html>
+SERVER_WATCH_JS = """
+(function () {
+  // A page whose server is gone must say so, not show "running, seen 0 s ago" forever: poll the
+  // dashboard's own layout endpoint; any HTTP answer but a gateway error means the server is there.
+  var lostSince = null;
+  function banner() { return document.getElementById('server-lost'); }
+  function show(lost) {
+    var el = banner();
+    if (!el) return;
+    if (lost) {
+      if (lostSince === null) lostSince = new Date();
+      el.textContent = 'Lost contact with the lldmon server since ' + lostSince.toLocaleTimeString() +
+        ': what this page shows may be out of date. Retrying...';
+      el.hidden = false;
+    } else {
+      lostSince = null;
+      el.hidden = true;
+    }
+  }
+  function check() {
+    var config = document.getElementById('_dash-config');
+    var prefix = '/';
+    try { prefix = JSON.parse(config.textContent).requests_pathname_prefix || '/'; } catch (e) {}
+    var ctl = new AbortController();
+    var timer = setTimeout(function () { ctl.abort(); }, 4000);
+    fetch(prefix + '_dash-layout', {cache: 'no-store', signal: ctl.signal, credentials: 'same-origin'})
+      .then(function (r) { show(r.status >= 502 && r.status <= 504); })
+      .catch(function () { show(true); })
+      .finally(function () { clearTimeout(timer); });
+  }
+  setInterval(check, 2000);
+})();
+"""
+
+INDEX_STRING = (
+    f"""<!DOCTYPE html>
 <html>
     <head>
         {{%metas%}}
@@ -29,9 +64,13 @@ INDEX_STRING = f"""<!DOCTYPE html>
             {{%config%}}
             {{%scripts%}}
             {{%renderer%}}
+            <script>"""
+    + SERVER_WATCH_JS
+    + """</script>
         </footer>
     </body>
 </html>"""
+)
 
 
 def shell(path_for: PathFor) -> Component:
@@ -47,8 +86,25 @@ def shell(path_for: PathFor) -> Component:
                 ],
                 className="topbar",
             ),
+            html.Div(id="server-lost", className="server-lost", hidden=True, role="alert"),
             html.Main(id="page"),
         ]
+    )
+
+
+STATUS_COLORS = {"running": "#2e7d32", "stalled": "#ef6c00", "crashed": "#c62828", "failed": "#c62828"}
+
+
+def status_badge(status: str, last_seen: datetime | None = None) -> html.Span:
+    """The run's status, coloured so a stalled or crashed run stands out, with "last seen N ago"."""
+    data_attrs: dict[str, Any] = {"data-status": status}
+    seen = f", last seen {ago(last_seen)}" if last_seen is not None else ""
+    return html.Span(
+        status,
+        className=f"badge status-{status}",
+        style={"background": STATUS_COLORS.get(status, "#6a737d")},
+        title=f"run status: {status}{seen}",
+        **data_attrs,
     )
 
 

@@ -53,6 +53,9 @@ table.grid th { background: #f0f2f5; font-weight: 600; font-size: 13px; }
 .badge { display: inline-block; padding: 2px 9px; border-radius: 10px; color: #fff; font-size: 12px;
          font-weight: 600; }
 .badge.phase-stagnation { color: #1f2328; }
+.server-lost { position: sticky; top: 0; z-index: 1000; background: #c62828; color: #fff;
+               padding: 8px 16px; font-weight: 600; }
+.server-lost[hidden] { display: none; }
 .tag { display: inline-block; background: #e8eef6; color: #33475b; border-radius: 4px; padding: 1px 6px;
        margin-right: 4px; font-size: 12px; }
 .muted { color: #6a737d; }

@@ -30,7 +30,7 @@ app.add_typer(_lab_app, name="lab")
 console = Console()
 # Enumerated options are Literal choices: a typo is a one-line usage error (exit 2), never a traceback or
 # an empty answer. The same values as contracts.wire's RUN_STATUSES and DIRECTIVE_POLICIES (a test checks).
-RunStatus = Literal["running", "finished", "failed", "crashed"]
+RunStatus = Literal["running", "finished", "failed", "crashed", "stalled"]
 AlertStatus = Literal["open", "acknowledged", "resolved"]
 Policy = Literal["off", "alert", "auto"]
 
@@ -54,7 +54,19 @@ def _settings(database_url: str | None, data_dir: Path | None, **extra: Any) -> 
         values["database_url"] = database_url
     if data_dir:
         values["data_dir"] = data_dir
-    return Settings(**values)
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
+    try:
+        return Settings(**values)
+    except ValidationError as exc:  # a bad LLDMON_* variable: one line naming it, not a traceback
+        error = exc.errors()[0]
+        name = "LLDMON_" + str(error["loc"][0]).upper() if error["loc"] else "settings"
+        console.print(f"[red]error:[/red] {name}: {error['msg']}", highlight=False)
+        raise typer.Exit(2) from None
+    except SettingsError as exc:  # e.g. LLDMON_WEBHOOK_URLS that is not a JSON list
+        console.print(f"[red]error:[/red] {exc} (lists are JSON: '[\"https://...\"]')", highlight=False)
+        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -358,6 +370,47 @@ def runs_show(
         render_summary(summary, console)
 
 
+@runs_app.command("liveness")
+def runs_liveness(
+    run: Annotated[str, typer.Argument(help="Run id or name.")],
+    stall_after: Annotated[
+        float | None, typer.Option("--stall-after", help="Seconds of silence before `stalled`.")
+    ] = None,
+    crash_after: Annotated[
+        float | None, typer.Option("--crash-after", help="Seconds of silence before `crashed`.")
+    ] = None,
+    default: Annotated[
+        bool, typer.Option("--default", help="Back to the service's default thresholds.")
+    ] = False,
+    project: ProjectOfRun = None,
+    database_url: DatabaseUrl = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Show or set how long a run may be silent (no batch, no heartbeat) before it is marked stalled
+    (alert `run_stalled`) and crashed, e.g. `lldmon runs liveness grpo-7b --stall-after 600`."""
+    from monitor.domain import Principal
+    from monitor.services.liveness import LivenessService
+
+    state = _services(database_url, data_dir)
+    with _closing(state):
+        service = LivenessService(state.db, state.runs, state.alerts, state.settings)
+        run_id = _run_id(state, run, project)
+        live = service.get(Principal(), run_id)
+        if default or stall_after is not None or crash_after is not None:
+            stall = None if default else stall_after if stall_after is not None else live.stall_after_s
+            crash = None if default else crash_after if crash_after is not None else live.crash_after_s
+            live = service.set_thresholds(Principal(), run_id, stall, crash)
+
+    def source(value: float | None) -> str:
+        return "set on the run" if value is not None else "default"
+
+    console.print(
+        f"run {run_id}: {live.status}, last seen {live.silent_s:.0f} s ago; stalled after "
+        f"{live.effective_stall_after_s:g} s ({source(live.stall_after_s)}), crashed after "
+        f"{live.effective_crash_after_s:g} s ({source(live.crash_after_s)})"
+    )
+
+
 @app.command("export")
 def export_run(
     run: Annotated[str, typer.Argument(help="Run id or name.")],
@@ -438,16 +491,44 @@ def _export(
 def alerts_list(
     run: Annotated[str, typer.Argument(help="Run id or unique name.")],
     status: Annotated[AlertStatus | None, typer.Option(help="Only alerts in this status.")] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="The API's alert objects, deliveries included (strict JSON).")
+    ] = False,
     database_url: DatabaseUrl = None,
     data_dir: DataDir = None,
 ) -> None:
+    """The run's alerts; `delivery`: where each one's latest notification stands per sink."""
+    import json
+
+    from rich.markup import escape
+
+    from monitor.api.schemas import AlertOut
     from monitor.domain import Principal
 
     state = _services(database_url, data_dir)
-    table = Table("id", "severity", "kind", "status", "steps", "message")
     with _closing(state):
-        for a in state.alerts.list(Principal(), _run_id(state, run), status):
-            table.add_row(str(a.id), a.severity, a.kind, a.status, f"{a.first_step}-{a.last_step}", a.message)
+        alerts = state.alerts.list(Principal(), _run_id(state, run), status)
+    if as_json:
+        typer.echo(json.dumps([AlertOut.of(a).model_dump(mode="json") for a in alerts], indent=2))
+        return
+
+    def describe(d: Any) -> str:  # "webhook:host/1a2b3c4d firing failed (5 attempts, ReadTimeout)"
+        detail = [f"{d.attempts} attempts"] if d.attempts > 1 else []
+        detail += [d.last_error] if d.last_error and d.status != "delivered" else []
+        return f"{d.sink} {d.event} {d.status}" + (f" ({', '.join(detail)})" if detail else "")
+
+    table = Table("id", "severity", "kind", "status", "steps", "message", "delivery")
+    for a in alerts:
+        delivery = "\n".join(describe(d) for d in a.deliveries)
+        table.add_row(
+            str(a.id),
+            a.severity,
+            a.kind,
+            a.status,
+            f"{a.first_step}-{a.last_step}",
+            escape(a.message),
+            escape(delivery or "-"),
+        )
     console.print(table)
 
 
@@ -474,12 +555,26 @@ def directive(
     lam: Annotated[
         float | None, typer.Option("--lambda", help=f"LLDS weight (paper: {DEFAULT_LLDS_LAMBDA}).")
     ] = None,
+    checkpoint: Annotated[
+        bool, typer.Option("--checkpoint", help="Ask the trainer to save a checkpoint now (once).")
+    ] = False,
+    stop: Annotated[
+        bool | None,
+        typer.Option(
+            "--stop/--withdraw-stop", help="Ask the trainer to save and stop gracefully, or withdraw that."
+        ),
+    ] = None,
+    stop_on_collapse: Annotated[
+        Literal["on", "off"] | None,
+        typer.Option("--stop-on-collapse", help="Request a stop when the run enters collapse."),
+    ] = None,
     policy: Annotated[Policy | None, typer.Option(help="How far lldmon may steer the trainer.")] = None,
     reason: Annotated[str, typer.Option(help="Recorded with the change.")] = "",
     database_url: DatabaseUrl = None,
     data_dir: DataDir = None,
 ) -> None:
-    """Show or override what the trainer is told (e.g. `--llds on --lambda 0.3`) and the run's policy."""
+    """Show or change what the trainer is told (`--llds on --lambda 0.3`, `--checkpoint`, `--stop`,
+    `--stop-on-collapse on`) and the run's policy; the trainer acknowledges each change in its next batch."""
     from monitor.domain import Principal
 
     state = _services(database_url, data_dir)
@@ -487,22 +582,33 @@ def directive(
         run_id = _run_id(state, run)
         if policy is not None:
             state.runs.set_policy(Principal(), run_id, policy)
-        if llds is not None or lam is not None:
+        sets_llds = llds is not None or lam is not None
+        if sets_llds or checkpoint or stop is not None or stop_on_collapse is not None:
             current = state.query.directive(Principal(), run_id)
-            enabled = current.llds_enabled if llds is None else llds == "on"
             state.query.set_directive(
                 Principal(),
                 run_id,
-                llds_enabled=enabled,
-                llds_lambda=current.llds_lambda if lam is None else lam,
+                llds_enabled=(current.llds_enabled if llds is None else llds == "on") if sets_llds else None,
+                llds_lambda=(current.llds_lambda if lam is None else lam) if sets_llds else None,
+                checkpoint=checkpoint,
+                stop=stop,
+                stop_on_collapse=None if stop_on_collapse is None else stop_on_collapse == "on",
                 reason=reason,
             )
         current = state.query.directive(Principal(), run_id)
         run_info = state.runs.get(Principal(), run_id)
+    levers = [
+        f"checkpoint request #{current.checkpoint}" if current.checkpoint else "",
+        f"stop requested (#{current.stop}: {current.stop_reason})" if current.stop else "",
+        "stop on collapse" if current.stop_on_collapse else "",
+        f"acknowledged v{current.applied_version}" if current.applied_version else "not acknowledged yet",
+    ]
     console.print(
         f"run {run_id}: policy {run_info.directive_policy}; directive v{current.version}: "
         f"LLDS {'on' if current.llds_enabled else 'off'}, lambda {current.llds_lambda} "
-        f"({current.source}: {current.reason})"
+        f"({current.source}: {current.reason}); {'; '.join(x for x in levers if x)}",
+        markup=False,
+        soft_wrap=True,
     )
 
 
@@ -709,6 +815,92 @@ class _SyncUploader:
             done.add(run.key)
             console.print(f"run {run.run_name!r} (id {run_id}): {status}")
         return done
+
+
+@app.command()
+def watch(
+    path: Annotated[Path, typer.Argument(help="The log file to follow (it may not exist yet).")],
+    run: Annotated[str, typer.Option("--run", help="Run name (get-or-create on the service).")],
+    url: Annotated[str, typer.Option(envvar="LLDMON_URL", help="Base URL of the service.")] = (
+        "http://127.0.0.1:8000"
+    ),
+    token: Annotated[
+        str | None, typer.Option(envvar="LLDMON_TOKEN", help="API token, if auth is on.")
+    ] = None,
+    project: Annotated[
+        str | None, typer.Option(envvar="LLDMON_PROJECT", help="Project (default: the service's).")
+    ] = None,
+    fmt: Annotated[
+        Literal["auto", "verl-jsonl", "verl-console", "trl-log"],
+        typer.Option("--format", help="Log format; auto: from the name and the first metrics line."),
+    ] = "auto",
+    from_start: Annotated[
+        bool, typer.Option("--from-start", help="Send the lines already in the file too (first watch only).")
+    ] = False,
+    until_idle: Annotated[
+        float | None,
+        typer.Option(min=0.1, help="Exit after this many seconds without a new line (default: never)."),
+    ] = None,
+    finish: Annotated[
+        bool, typer.Option("--finish", help="With --until-idle: mark the run finished when idle.")
+    ] = False,
+    interval: Annotated[float, typer.Option(min=0.01, help="Seconds between checks of the file.")] = 0.5,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(help="Where the resume state is kept (default ~/.lldmon/watch)."),
+    ] = None,
+) -> None:
+    """Follow a growing training log and stream each new step to the service as it is written.
+
+    Reads verl's file logger JSONL, verl's console log and TRL's stdout. Restarting resumes where the
+    last watch stopped (no step is sent twice or skipped, even after kill -9); a rotated log (renamed,
+    then recreated) is finished before the new file is followed. Ctrl-C / SIGTERM finish the current
+    send and exit 0. The first watch of an existing file starts at its end unless --from-start.
+    """
+    import signal
+    import threading
+
+    from monitor.watch import Service, Watcher, WatchError, state_file
+
+    if finish and until_idle is None:
+        console.print(
+            "[red]error:[/red] --finish needs --until-idle (when else would the run be over?)", soft_wrap=True
+        )
+        raise typer.Exit(2)
+    if path.is_dir():
+        console.print(f"[red]error:[/red] {path} is a directory, not a log file", soft_wrap=True)
+        raise typer.Exit(2)
+    stop = threading.Event()
+
+    def echo(text: str) -> None:
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    service = Service(url, run, project, token, stop, echo)
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        state = state_file(
+            state_dir or Path.home() / ".lldmon" / "watch", path, service.base_url, project, run
+        )
+        watcher = Watcher(
+            path, service, state, fmt=fmt, from_start=from_start, until_idle=until_idle, interval=interval
+        )
+        echo(f"watching {path} ({fmt}) into run {run!r} at {service.base_url}; state {state}")
+        summary = watcher.run()
+        if summary.idle and finish and service.finish():
+            echo(f"run {run!r}: finished")
+    except WatchError as exc:
+        console.print(f"[red]error:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        service.close()
+    echo(
+        f"sent {summary.steps} steps in {summary.batches} batches"
+        + (f" ({summary.duplicates} already there)" if summary.duplicates else "")
+        + (f", {summary.refused} refused" if summary.refused else "")
+        + ("; idle" if summary.idle else "; stopped")
+    )
 
 
 @app.command("import")

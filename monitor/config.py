@@ -11,6 +11,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from contracts.directive import DEFAULT_LLDS_LAMBDA
 
 DEFAULT_DATA_DIR = Path.home() / ".lldmon"
+Severity = Literal["info", "warning", "critical"]
+"""contracts.alerts.SEVERITIES (a test checks they agree)."""
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
@@ -45,6 +47,20 @@ class Settings(BaseSettings):
     renotify_seconds: float = Field(
         default=3600.0, gt=0, description="Re-notify a still-open alert after this."
     )
+    # Delivery (issue 15): one worker per sink, so a dead sink only delays itself.
+    webhook_min_severity: Severity = Field(default="info", description="Least severe alert a webhook gets.")
+    slack_min_severity: Severity = Field(default="info", description="Least severe alert Slack gets.")
+    webhook_secret: SecretStr | None = Field(
+        default=None,
+        description="Signs webhook bodies: X-LLDMon-Signature: sha256=<hex HMAC-SHA256 of the raw body>.",
+    )
+    public_url: str | None = Field(
+        default=None,
+        description="Base URL people reach the service at (https://lldmon.example.org); notifications "
+        "link to <it>/dashboard/run/<id>.",
+    )
+    sink_timeout_seconds: float = Field(default=10.0, gt=0, description="Per request to a sink.")
+    sink_max_attempts: int = Field(default=5, gt=0, description="Tries per notification and sink.")
 
     # Closed loop: what `auto` runs get when they slide (lld-reference.md section 4).
     llds_trigger_phase: Literal["decay", "collapse"] = "decay"
@@ -56,6 +72,20 @@ class Settings(BaseSettings):
         default=40,
         gt=0,
         description="Raise lambda to llds_lambda_max if still sliding this many steps later.",
+    )
+
+    # Liveness (monitor.services.liveness): a silent run is marked stalled, then crashed.
+    liveness_sweep_seconds: float = Field(
+        default=30.0, gt=0, description="How often running runs are checked for silence."
+    )
+    stall_after_seconds: float = Field(
+        default=900.0, gt=0, description="Default stall threshold's floor (scaled up for slow steps)."
+    )
+    stall_step_factor: float = Field(
+        default=10.0, ge=0, description="Default stall threshold: this many median step intervals."
+    )
+    crash_after_factor: float = Field(
+        default=4.0, gt=1, description="Default crash threshold: this times the stall threshold."
     )
 
     def resolved_database_url(self) -> str:

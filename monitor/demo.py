@@ -275,10 +275,19 @@ class Replay:
     error: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
+    thread: threading.Thread | None = None
+
     def start(self) -> threading.Thread:
-        thread = threading.Thread(target=self._run, name="lldmon-demo-replay", daemon=True)
-        thread.start()
-        return thread
+        self.thread = threading.Thread(target=self._run, name="lldmon-demo-replay", daemon=True)
+        self.thread.start()
+        return self.thread
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop sending and wait until the run is marked failed (an interrupted replay is not left
+        `running` in the service), before the server goes away."""
+        self.stop_event.set()
+        if self.thread is not None:
+            self.thread.join(timeout)
 
     def _run(self) -> None:
         try:
@@ -317,7 +326,7 @@ class Replay:
             started = time.monotonic()
             for first in range(0, len(steps), self.batch):
                 if self.stop_event.is_set():
-                    return
+                    break
                 rows = range(first, min(first + self.batch, len(steps)))
                 metrics: dict[str, list[float | str | None]] = {}
                 for name, values in scenario.values.items():
@@ -330,8 +339,9 @@ class Replay:
                 self.steps_sent = rows[-1] + 1
                 ahead = started + self.steps_sent / max(self.speed, 1e-9) - time.monotonic()
                 if ahead > 0 and self.stop_event.wait(ahead):
-                    return
-            http.post(f"/runs/{self.run_id}/finish", json={"status": "finished"}).raise_for_status()
+                    break
+            status = "failed" if self.stop_event.is_set() else "finished"  # as the training script does
+            http.post(f"/runs/{self.run_id}/finish", json={"status": status}).raise_for_status()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -553,13 +563,14 @@ def run_demo(options: DemoOptions, console: Console) -> int:
     started = time.monotonic()
 
     def stop_all() -> None:
+        _ignore_stop_signals()  # a second Ctrl-C must not cut the cleanup short
         if replay is not None:
-            replay.stop_event.set()
+            replay.stop()
         if training is not None:
             training.stop()
         server.stop()
 
-    with _cleanup(stop_all):
+    with _interrupt_on_stop_signals(), _cleanup(stop_all):
         try:
             console.print(f"starting lldmon on the embedded SQLite in [bold]{data_dir}[/bold] ...")
             server.start()
@@ -641,6 +652,32 @@ def run_demo(options: DemoOptions, console: Console) -> int:
         console.print(f"data kept in {data_dir} (lldmon serve --data-dir {data_dir})")
         return 130
     return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def _interrupt_on_stop_signals() -> Iterator[None]:
+    """SIGTERM and SIGINT stop the demo like Ctrl-C (its service, training and replay end cleanly),
+    whatever disposition the parent left: SIGTERM's default killed the demo alone and left its server
+    and trainer running; an ignored SIGINT (a job started in the background) could not stop it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _ignore_stop_signals() -> None:
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def _poll(watcher: Watcher, server: Server) -> None:

@@ -37,6 +37,18 @@ class DirectiveInfo:
     source: str = "default"
     step: int | None = None
     created_at: datetime | None = None
+    checkpoint: int = 0
+    """Id (version) of the latest checkpoint request; 0: none (contracts.directive)."""
+    stop: int = 0
+    """Id (version) of the standing stop request; 0: none."""
+    stop_reason: str = ""
+    stop_on_collapse: bool = False
+    llds_manual: bool = False
+    """A person set LLDS in this or an earlier version: the detector leaves LLDS alone."""
+    applied_version: int = 0
+    """The highest version the run's trainer acknowledged (its `directive/applied_version` metric)."""
+    applied_step: int | None = None
+    """In a history: the first step at which the trainer acknowledged this version (None: not yet)."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +140,18 @@ class PhaseEventInfo:
 
 
 @dataclass(frozen=True)
+class DeliveryInfo:
+    """Where an alert's latest notification stands at one sink (`contracts.alerts.DELIVERY_STATUSES`)."""
+
+    sink: str
+    event: str
+    status: str
+    attempts: int
+    last_error: str | None
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
 class AlertInfo:
     id: int
     run_id: int
@@ -142,6 +166,8 @@ class AlertInfo:
     updated_at: datetime
     acknowledged_at: datetime | None = None
     resolved_at: datetime | None = None
+    deliveries: tuple[DeliveryInfo, ...] = ()
+    """One per sink that was asked to send it (the log is not listed)."""
 
 
 @dataclass(frozen=True)

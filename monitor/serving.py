@@ -7,14 +7,26 @@ its buffers for as long as it likes (issue 16, defect 15: 300 such connections h
 protocol here adds the two timeouts of nginx's `client_header_timeout` / `client_body_timeout`: the
 request head must be complete within `request_timeout` seconds of its first byte (or of the connection),
 and a body may pause no longer than that between two reads.
+
+`serve` stops cleanly, with exit status 0, on SIGTERM (docker stop, systemd, Kubernetes) and SIGINT
+whatever disposition the parent left them in; with workers, their Prometheus counters are shared
+through a PROMETHEUS_MULTIPROC_DIR (monitor.telemetry).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
+import os
+import shutil
+import signal
 import socket
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Final
 
 DEFAULT_KEEP_ALIVE: Final = 5
@@ -165,9 +177,55 @@ def serve(
         http=functools.partial(timed_out_protocol, request_timeout=request_timeout),  # type: ignore[arg-type]
     )
     server = uvicorn.Server(config)
-    if workers > 1:
-        # older uvicorn releases take the worker entry point, newer ones build it themselves
-        extra = {"target": server.run} if "target" in inspect.signature(Multiprocess).parameters else {}
-        Multiprocess(config, sockets=[sock], **extra).run()
-    else:
-        server.run(sockets=[sock])
+    with _stop_on_signals():
+        if workers > 1:
+            # older uvicorn releases take the worker entry point, newer ones build it themselves
+            extra = {"target": server.run} if "target" in inspect.signature(Multiprocess).parameters else {}
+            with _shared_metrics_dir():
+                Multiprocess(config, sockets=[sock], **extra).run()
+        else:
+            server.run(sockets=[sock])
+
+
+STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM)
+
+
+def _stop_requested(signum: int, frame: object) -> None:
+    """Stands in for the parent's disposition while serving: uvicorn installs its own handlers while it
+    runs and, once shut down, re-raises the signal to the handler it found. With SIG_DFL that killed
+    the process by SIGTERM (status 143, a failure to docker and systemd) or KeyboardInterrupt (130)
+    after a clean shutdown; with SIG_IGN (a job started in the background) the stop was silently
+    dropped before uvicorn took over. The shutdown is already done when this runs: nothing to do."""
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+    previous = {sig: signal.signal(sig, _stop_requested) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _shared_metrics_dir() -> Iterator[None]:
+    """PROMETHEUS_MULTIPROC_DIR for the worker processes (they inherit the environment): the one given,
+    emptied (stale files of an earlier run would be added in), or a private one removed afterwards."""
+    given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if given:
+        Path(given).mkdir(parents=True, exist_ok=True)
+        for stale in Path(given).glob("*.db"):
+            stale.unlink()
+        yield
+        return
+    path = tempfile.mkdtemp(prefix="lldmon-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    try:
+        yield
+    finally:
+        os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,18 +1,27 @@
 """Prometheus metrics of the service, on an injected registry (tests get their own).
 
-Label cardinality: per-run series exist only for *running* runs (`lldmon_run_phase`), everything
+Label cardinality: per-run series exist only for *running* (or stalled) runs (`lldmon_run_phase`,
+`lldmon_run_last_step_timestamp_seconds`), everything
 else is labelled by small fixed sets (kind, outcome, severity, sink).
+
+Under `lldmon serve --workers N` each worker process counts its own requests: with
+PROMETHEUS_MULTIPROC_DIR set (monitor.serving sets it up) counters and histograms live in files there
+and /metrics sums them over the workers, so a scrape that lands on another worker does not see the
+counter jump back. The gauges are computed from the database at scrape time and need no aggregation.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 PHASES = ("warmup", "healthy", "stagnation", "decay", "collapse")
@@ -23,13 +32,18 @@ class Snapshot:
     """Database-derived state, read at scrape time so every API process reports the same values."""
 
     runs_by_status: dict[str, int] = field(default_factory=dict)
-    running_phases: list[tuple[int, str, str]] = field(default_factory=list)  # (run id, run name, phase)
+    running_phases: list[tuple[int, str, str, str, datetime | None]] = field(default_factory=list)
+    """(run id, project, run name, phase, last step time) of every running or stalled run."""
     open_alerts_by_severity: dict[str, int] = field(default_factory=dict)
 
 
 class ServiceMetrics:
     def __init__(self, registry: CollectorRegistry, snapshot: Callable[[], Snapshot]) -> None:
         self.registry = registry
+        shared_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if shared_dir:  # this process's values go to files; the registry reads every worker's
+            MultiProcessCollector(registry, path=shared_dir)  # type: ignore[no-untyped-call]
+            registry = CollectorRegistry()  # holds this process's metric objects, never exposed
         self.batches = Counter(
             "lldmon_ingest_batches",
             "Ingest batches by kind and outcome (stored, duplicate, rejected).",
@@ -64,7 +78,7 @@ class ServiceMetrics:
             ["sink", "outcome"],
             registry=registry,
         )
-        registry.register(_SnapshotCollector(snapshot))
+        self.registry.register(_SnapshotCollector(snapshot))
 
     @contextlib.contextmanager
     def time_ingest(self, kind: str) -> Iterator[None]:
@@ -102,12 +116,20 @@ class _SnapshotCollector(Collector):
         yield runs
         phase = GaugeMetricFamily(
             "lldmon_run_phase",
-            "1 for the current LLD phase of each running run.",
-            labels=["run_id", "run", "phase"],
+            "1 for the current LLD phase of each running (or stalled) run.",
+            labels=["run_id", "project", "run", "phase"],
         )
-        for run_id, name, current in snap.running_phases:
-            phase.add_metric([str(run_id), name, current], 1)
+        last_step = GaugeMetricFamily(
+            "lldmon_run_last_step_timestamp_seconds",
+            "Unix time at which each running (or stalled) run last sent a new step.",
+            labels=["project", "run"],
+        )
+        for run_id, project, name, current, last_step_at in snap.running_phases:
+            phase.add_metric([str(run_id), project, name, current], 1)
+            if last_step_at is not None:
+                last_step.add_metric([project, name], last_step_at.timestamp())
         yield phase
+        yield last_step
         open_alerts = GaugeMetricFamily("lldmon_alerts_open", "Open alerts by severity.", labels=["severity"])
         for severity in ("warning", "critical"):
             open_alerts.add_metric([severity], snap.open_alerts_by_severity.get(severity, 0))

@@ -6,6 +6,7 @@
         client.log_actions(step, measurement.actions)      # columns as in contracts.wire
         if client.directive.llds.enabled:
             llds_lambda = client.directive.llds.lam
+        levers = client.take_levers(step)                  # checkpoint / stop requests, once each
     client.close()                                         # also registered with atexit
 
 Monitoring never slows down or crashes training: `log()` / `log_actions()` only put a record on a
@@ -54,14 +55,14 @@ import httpx
 
 from contracts import split, spool
 from contracts.directive import DEFAULT_LLDS_LAMBDA as DEFAULT_LLDS_LAMBDA  # re-exported
-from contracts.directive import Directive, LLDSDirective, parse_directive
+from contracts.directive import Directive, Levers, LeverTracker, LLDSDirective, parse_directive
 from contracts.spool import Outcome, RunIdentity, SpoolEntry
 from contracts.wire import API_PREFIX, DEFAULT_PROJECT, encode_json
 from trainer_hooks._batching import Batch, Kind, Record, build_bodies, dumps
 from trainer_hooks._transport import HttpSession, Reply, RetryPolicy
 from trainer_hooks._warn import WarnOnce, logger
 
-__all__ = ["ClientStats", "Directive", "LLDSDirective", "MonitorClient", "RetryPolicy"]
+__all__ = ["ClientStats", "Directive", "LLDSDirective", "Levers", "MonitorClient", "RetryPolicy"]
 
 DEFAULT_SPOOL_ROOT: Final = Path("~/.lldmon/spool")
 _REPLAY_SLICE_S: Final = 2.0
@@ -150,6 +151,8 @@ class MonitorClient:
             automatically to the limit a service names in a 413.
         spool_max_bytes: size limit of the spool; the oldest batches are deleted first.
         timeout: seconds per HTTP request.
+        heartbeat_interval: seconds between heartbeats while no batch goes out (a long step), so the
+            service does not mark the run stalled; 0 disables them.
         enabled: None = auto (off on ranks other than 0), or force on / off.
         transport: an httpx transport (tests pass `httpx.MockTransport`).
         retry: retry and backoff settings (`RetryPolicy`).
@@ -174,6 +177,7 @@ class MonitorClient:
         enabled: bool | None = None,
         transport: httpx.BaseTransport | None = None,
         retry: RetryPolicy | None = None,
+        heartbeat_interval: float = 60.0,
     ) -> None:
         self._warn = WarnOnce()
         self.url = normalize_url(url)
@@ -198,6 +202,8 @@ class MonitorClient:
         self._max_batch_bytes = max(1024, int(max_batch_bytes))
         self._spool_max_bytes = int(spool_max_bytes)
         self._overflow_chunk = max(1, min(256, self._max_batch_rows))
+        self._heartbeat_interval = max(0.0, float(heartbeat_interval))
+        self._last_beat = time.monotonic()  # sender thread: last batch or heartbeat sent
 
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, int(max_queue)))
         self._lock = threading.Lock()
@@ -207,6 +213,7 @@ class MonitorClient:
         self._overflow: list[Record] = []
         self._stats: dict[str, int] = dict.fromkeys(ClientStats.__dataclass_fields__, 0)
         self._directive = Directive()
+        self._levers = LeverTracker()
         self._flush_requested = threading.Event()
         self._closing = threading.Event()
         self._close_deadline: float | None = None
@@ -282,9 +289,28 @@ class MonitorClient:
 
     @property
     def directive(self) -> Directive:
-        """The latest directive the service sent (default: LLDS off, lam 0.2, version 0)."""
+        """The latest directive the service sent (default: LLDS off, lam 0.2, version 0, no requests)."""
         with self._lock:
             return self._directive
+
+    def take_levers(self, step: int) -> Levers:
+        """What a plain training loop should do at `step`, each request once: `checkpoint` (save now),
+        `stop` (save and end training, `stop_reason` says why). The directive's version is
+        acknowledged with this step's metrics (`directive/applied_version`), so call it where the loop
+        acts on the result::
+
+            levers = client.take_levers(step)
+            if levers.checkpoint or levers.stop:
+                save_checkpoint(step)
+            if levers.stop:
+                break
+        """
+        if not self.enabled:
+            return Levers()
+        levers = self._levers.take(self.directive)
+        if levers.acknowledge is not None:
+            self.log(step, levers.metrics())
+        return levers
 
     @property
     def stats(self) -> ClientStats:
@@ -632,6 +658,25 @@ class MonitorClient:
                 self._send_live(batch, raw)
             else:
                 self._spool(batch)
+        if batches:
+            self._last_beat = time.monotonic()
+        elif registered:
+            self._heartbeat()
+
+    def _heartbeat(self) -> None:
+        """A light `POST /runs/{id}/heartbeat` every `heartbeat_interval` while no batch goes out. Best
+        effort and quiet: a failure only means the next batch (or beat) tells the service we live."""
+        run_id = self.run_id
+        now = time.monotonic()
+        if not self._heartbeat_interval or run_id is None or self._closing.is_set():
+            return
+        if now - self._last_beat < self._heartbeat_interval:
+            return
+        self._last_beat = now
+        assert self._session is not None
+        reply = self._session.request("POST", f"/runs/{run_id}/heartbeat", timeout=self._request_timeout())
+        if reply.status == 404:  # the service lost the run (a new database): register it again
+            self._run_ids.pop(self.identity.key, None)
 
     # network state
 

@@ -1,4 +1,5 @@
-"""Directive controls: LLDS on/off with lambda, and the run's directive policy (off/alert/auto).
+"""Directive controls: LLDS on/off with lambda, the run's directive policy (off/alert/auto), and the
+levers: save a checkpoint now, stop training (always confirmed: it ends the run), stop on collapse.
 
 Writes go through `state.query.set_directive` / `state.runs.set_policy` with the caller's Principal, so
 the API's project scoping applies; the controls are only rendered for callers allowed to steer. The
@@ -24,7 +25,9 @@ from monitor.api.schemas import DirectiveIn, PolicyIn
 from monitor.domain import Principal
 from monitor.errors import LLDMonError
 
-ACTIONS: Final = ("llds-on", "llds-off", "policy-apply")
+LEVERS: Final = ("checkpoint-now", "stop-now", "stop-on-collapse")
+"""The lever buttons (their component ids)."""
+ACTIONS: Final = ("llds-on", "llds-off", "policy-apply", *LEVERS)
 """The buttons (their component ids)."""
 
 
@@ -58,6 +61,38 @@ def set_llds(
     return f"LLDS {state} (λ={directive.llds_lambda:g}), directive v{directive.version}", True
 
 
+def set_lever(ctx: DashContext, principal: Principal, run_id: int, action: str) -> tuple[str, bool]:
+    """A lever button: request a checkpoint or a stop, or flip stop-on-collapse; returns (message, ok)."""
+    try:
+        if action == "stop-on-collapse":
+            on = not ctx.state.query.directive(principal, run_id).stop_on_collapse
+            body = DirectiveIn.model_validate(
+                {"stop_on_collapse": on, "reason": f"dashboard: stop on collapse {'on' if on else 'off'}"}
+            )
+        elif action == "stop-now":
+            body = DirectiveIn.model_validate({"stop": True, "reason": "dashboard: stop requested by hand"})
+        else:
+            body = DirectiveIn.model_validate(
+                {"checkpoint": True, "reason": "dashboard: checkpoint requested by hand"}
+            )
+        d = ctx.state.query.set_directive(
+            principal,
+            run_id,
+            checkpoint=body.checkpoint,
+            stop=body.stop,
+            stop_on_collapse=body.stop_on_collapse,
+            reason=body.reason,
+        )
+    except ValidationError as exc:
+        return validation_text(exc), False
+    except LLDMonError as exc:
+        return error_text(exc), False
+    if action == "stop-on-collapse":
+        return f"stop on collapse {'on' if d.stop_on_collapse else 'off'}, directive v{d.version}", True
+    what = "stop" if action == "stop-now" else "checkpoint"
+    return f"{what} requested, directive v{d.version}: the trainer acts on its next step", True
+
+
 def set_policy(ctx: DashContext, principal: Principal, run_id: object, policy: object) -> tuple[str, bool]:
     try:
         body = PolicyIn.model_validate({"policy": policy})
@@ -81,6 +116,12 @@ def _what(action: str, lam: object, policy: object) -> str:
     """What the button does, in words, for the confirmation (the values are already validated)."""
     if action == "policy-apply":
         return f"set its directive policy to {PolicyIn.model_validate({'policy': policy}).policy}"
+    if action == "checkpoint-now":
+        return "request a checkpoint"
+    if action == "stop-now":
+        return "stop its training (the trainer saves a checkpoint, then ends)"
+    if action == "stop-on-collapse":
+        return "change whether it stops on collapse"
     body = directive_body(action == "llds-on", lam, "")
     return f"switch LLDS {'on' if body.llds.enabled else 'off'} (λ={body.llds.lam:g})"
 
@@ -96,7 +137,7 @@ def apply_action(
     confirmed: bool = False,
 ) -> Outcome:
     """A directive button: checked like the API, then written, or first a question when the run is
-    not running."""
+    not running, and always before a stop."""
     if action not in ACTIONS:
         return Outcome("unknown action")
     try:
@@ -111,7 +152,11 @@ def apply_action(
             confirm=f"Run {run.name!r} is {run.status}: no trainer reads its directive until it resumes. "
             f"{what[0].upper()}{what[1:]} anyway?"
         )
-    if action == "policy-apply":
+    if action == "stop-now" and not confirmed:
+        return Outcome(confirm=f"Stop run {run.name!r}? The trainer saves a checkpoint and ends training.")
+    if action in LEVERS:
+        message, ok = set_lever(ctx, principal, run.id, str(action))
+    elif action == "policy-apply":
         message, ok = set_policy(ctx, principal, run.id, policy)
     else:
         message, ok = set_llds(ctx, principal, run.id, action == "llds-on", lam)
@@ -136,6 +181,9 @@ def register(app: Dash, ctx: DashContext) -> None:
         Input("llds-on", "n_clicks"),
         Input("llds-off", "n_clicks"),
         Input("policy-apply", "n_clicks"),
+        Input("checkpoint-now", "n_clicks"),
+        Input("stop-now", "n_clicks"),
+        Input("stop-on-collapse", "n_clicks"),
         Input("directive-confirm", "submit_n_clicks"),
         State("llds-lambda", "value"),
         State("policy", "value"),
@@ -147,6 +195,9 @@ def register(app: Dash, ctx: DashContext) -> None:
         _on: object,
         _off: object,
         _policy: object,
+        _checkpoint: object,
+        _stop: object,
+        _stop_on_collapse: object,
         _confirmed: object,
         lam: object,
         policy: object,

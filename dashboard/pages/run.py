@@ -14,7 +14,7 @@ from contracts.wire import DIRECTIVE_POLICIES
 from dashboard.data import RunContext
 from dashboard.figures import ACTION_HEIGHT, PANEL_HEIGHT, LegendEntry, empty_figure, legend_entries
 from dashboard.inputs import DEFAULT_ACTION_WINDOW, MAX_ACTION_WINDOW
-from dashboard.layout import PathFor, ago, phase_badge, tag_list
+from dashboard.layout import PathFor, ago, phase_badge, status_badge, tag_list
 from dashboard.panels import PANELS
 from dashboard.theme import BAND_OPACITY, SYMBOL_GLYPHS
 from monitor.detector.explain import PHASE_DESCRIPTIONS, explain_finding, explain_phase_change
@@ -85,10 +85,13 @@ def header_children(run: RunInfo) -> list[Component]:
                 html.H2(run.name, id="run-name"),
                 phase_badge(run.phase),
                 html.Span(f"project {run.project}"),
-                html.Span(f"status {run.status}", id="run-status"),
+                html.Span(["status ", status_badge(run.status, run.last_seen_at)], id="run-status"),
                 html.Span(f"last step {'-' if run.last_step is None else run.last_step}", id="run-last-step"),
                 html.Span(
-                    f"seen {ago(run.last_seen_at)}", className="muted", title=run.last_seen_at.isoformat()
+                    f"last seen {ago(run.last_seen_at)}",
+                    className="muted",
+                    title=run.last_seen_at.isoformat(),
+                    id="run-last-seen",
                 ),
                 html.Span(tag_list(run.tags)),
                 html.Span(f"policy {run.directive_policy}", className="muted"),
@@ -106,9 +109,25 @@ def directive_status(directive: DirectiveInfo, policy: str) -> Component:
             html.B(f"LLDS {state}", id="directive-llds", **data_attrs),
             html.Span(f" λ={directive.llds_lambda:g} · directive v{directive.version} ({directive.source})"),
             html.Span(f" · policy {policy}", id="directive-policy"),
+            html.Div(lever_text(directive), id="directive-levers"),
             html.Div(directive.reason, className="muted"),
         ]
     )
+
+
+def lever_text(d: DirectiveInfo) -> str:
+    """Checkpoint/stop requests and how far the trainer acknowledged them, in words."""
+    parts = [f"checkpoint request #{d.checkpoint}" if d.checkpoint else "no checkpoint request"]
+    parts.append(f"stop requested (#{d.stop})" if d.stop else "no stop request")
+    parts.append(f"stop on collapse {'on' if d.stop_on_collapse else 'off'}")
+    ack = (
+        f"trainer acknowledged v{d.applied_version}"
+        if d.applied_version
+        else "trainer acknowledged nothing yet"
+    )
+    if d.version > d.applied_version:
+        ack += f" (v{d.version} pending)"
+    return " · ".join([*parts, ack])
 
 
 def directive_card(run: RunInfo, directive: DirectiveInfo, steer: bool) -> Component:
@@ -140,6 +159,12 @@ def directive_card(run: RunInfo, directive: DirectiveInfo, steer: bool) -> Compo
                 inline=True,
             ),
             html.Button("Apply policy", id="policy-apply"),
+            html.Button("Save checkpoint now", id="checkpoint-now"),
+            html.Button("Stop training", id="stop-now", className="off"),
+            html.Button(
+                f"Stop on collapse: turn {'off' if directive.stop_on_collapse else 'on'}",
+                id="stop-on-collapse",
+            ),
             html.Span(id="directive-msg", className="msg"),
             dcc.ConfirmDialog(id="directive-confirm"),  # asked before steering a run that is not running
             dcc.Store(id="directive-pending"),  # the button press waiting for that answer
@@ -307,8 +332,15 @@ def timeline_rows(ctx: RunContext) -> list[TimelineRow]:
         TimelineRow(
             d.step or 0,
             "directive",
-            f"v{d.version}: LLDS {'on' if d.llds_enabled else 'off'} λ={d.llds_lambda:g}",
-            f"{d.source}: {d.reason}",
+            f"v{d.version}: LLDS {'on' if d.llds_enabled else 'off'} λ={d.llds_lambda:g}"
+            + (f", checkpoint #{d.checkpoint}" if d.checkpoint == d.version else "")
+            + (f", stop #{d.stop}" if d.stop == d.version else ""),
+            f"{d.source}: {d.reason} · "
+            + (
+                f"acknowledged at step {d.applied_step}"
+                if d.applied_step is not None
+                else "not acknowledged yet"
+            ),
             [],
             {},
         )

@@ -9,7 +9,7 @@ from dash.development.base_component import Component
 
 from contracts.wire import RUN_STATUSES
 from dashboard.data import RunRow
-from dashboard.layout import PathFor, ago, phase_badge, tag_list
+from dashboard.layout import PathFor, ago, phase_badge, status_badge, tag_list
 
 REFRESH_MS = 10_000
 
@@ -57,7 +57,7 @@ def table(rows: Sequence[RunRow], path_for: PathFor) -> Component:
             [
                 html.Td(dcc.Link(r.run.name, href=path_for(f"/run/{r.run.id}"), className="run-link")),
                 html.Td(r.run.project),
-                html.Td(r.run.status),
+                html.Td(status_badge(r.run.status, r.run.last_seen_at)),
                 html.Td(phase_badge(r.run.phase)),
                 html.Td("-" if r.run.last_step is None else str(r.run.last_step)),
                 html.Td(ago(r.run.last_seen_at), title=r.run.last_seen_at.isoformat()),

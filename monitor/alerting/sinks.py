@@ -1,31 +1,60 @@
 """Where notifications go: the log, a generic JSON webhook, a Slack-compatible webhook.
 
-Sinks raise on failure; the `Dispatcher` retries them in its own thread, so a slow or dead webhook
-never blocks ingest.
+Sinks raise on failure. The `Dispatcher` gives every sink its own bounded queue and worker thread, so a
+slow or dead webhook never blocks ingest and never delays another sink; each sink has a minimum
+severity, and every attempt's outcome is handed to a `DeliveryRecorder` (the service stores it per alert
+and sink: pending, retrying, delivered, failed).
+
+Webhook signature: with a secret, each POST carries `X-LLDMon-Signature: sha256=<hex>`, the
+HMAC-SHA256 of the raw request body keyed with the secret (verify it over the bytes received, before
+parsing the JSON).
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import hmac
+import json
 import logging
 import queue
 import random
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import urlsplit
 
 import httpx
 
+from contracts.alerts import (
+    DELIVERED,
+    ESCALATED,
+    FAILED,
+    PENDING,
+    RESOLVED,
+    RETRYING,
+    SEVERITY_RANK,
+    SIGNATURE_HEADER,
+)
 from monitor.detector.explain import explain_finding
 from monitor.telemetry import ServiceMetrics
+
+if TYPE_CHECKING:
+    from monitor.config import Settings
 
 log = logging.getLogger("lldmon.alerts")
 
 
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
 @dataclass(frozen=True)
 class Notification:
-    event: str  # "firing" | "resolved"
+    event: str  # contracts.alerts.NOTIFICATION_EVENTS: "firing" | "escalated" | "resolved"
     alert_id: int
     run_id: int
     run_name: str
@@ -38,6 +67,13 @@ class Notification:
     """The detector's raw evidence (JSON, for machines)."""
     explanation: list[str] = field(default_factory=list)
     """The evidence in words (`monitor.detector.explain`); derived from `evidence` when not given."""
+    phase: str | None = None
+    """The run's phase when this was sent (healthy, stagnation, decay, collapse)."""
+    previous_severity: str | None = None
+    """For `escalated`: the severity it rose from."""
+    timestamp: datetime = field(default_factory=_utcnow)
+    dashboard_url: str | None = None
+    """The run's dashboard page; the `Dispatcher` fills it in from the public base URL."""
 
     def __post_init__(self) -> None:
         if not self.explanation:
@@ -45,58 +81,153 @@ class Notification:
             object.__setattr__(self, "explanation", lines)
 
     def summary(self) -> str:
-        state = "RESOLVED" if self.event == "resolved" else self.severity.upper()
-        return f"[{state}] {self.project}/{self.run_name} (run {self.run_id}) step {self.step}: {self.kind}: {self.message}"
+        if self.event == RESOLVED:
+            state = "RESOLVED"
+        elif self.event == ESCALATED:
+            rose = f"{self.previous_severity.upper()} -> " if self.previous_severity else ""
+            state = f"ESCALATED {rose}{self.severity.upper()}"
+        else:
+            state = self.severity.upper()
+        phase = f" phase {self.phase}" if self.phase else ""
+        return (
+            f"[{state}] {self.project}/{self.run_name} (run {self.run_id}) step {self.step}{phase}: "
+            f"{self.kind}: {self.message}"
+        )
 
     def text(self) -> str:
-        """The summary and, one per line, what the detector saw."""
-        return "\n".join([self.summary(), *(f"• {line}" for line in self.explanation)])
+        """The summary, one line per thing the detector saw, the time and the dashboard link."""
+        lines = [self.summary(), *(f"• {line}" for line in self.explanation)]
+        lines.append(self.timestamp.isoformat(timespec="seconds"))
+        if self.dashboard_url:
+            lines.append(self.dashboard_url)
+        return "\n".join(lines)
+
+    def payload(self) -> dict[str, Any]:
+        """The webhook body: every field, the timestamp as ISO 8601 UTC."""
+        body = asdict(self)
+        body["timestamp"] = self.timestamp.isoformat()
+        return body
 
 
 class Sink(Protocol):
     name: str
+    """Stable and free of secrets: delivery state is stored under it."""
+    min_severity: str
+    tracked: bool
+    """Whether its delivery state is recorded (the log's is not)."""
 
     def send(self, notification: Notification) -> None: ...
 
 
+def sink_name(kind: str, url: str) -> str:
+    """`webhook:hooks.internal/1a2b3c4d`: host plus a digest of the URL (Slack URLs hold their token)."""
+    host = urlsplit(url).hostname or "?"
+    return f"{kind}:{host}/{hashlib.sha256(url.encode()).hexdigest()[:8]}"
+
+
 class LogSink:
     name = "log"
+    min_severity = "info"
+    tracked = False
 
     def send(self, notification: Notification) -> None:
-        level = logging.INFO if notification.event == "resolved" else logging.WARNING
+        level = logging.INFO if notification.event == RESOLVED else logging.WARNING
         evidence = " | ".join(notification.explanation)
         log.log(level, notification.summary() + (f" | {evidence}" if evidence else ""))
 
 
 class WebhookSink:
-    """POSTs the notification as JSON to any HTTP endpoint."""
+    """POSTs the notification as JSON to any HTTP endpoint, signed when a secret is set."""
 
-    name = "webhook"
+    tracked = True
 
-    def __init__(self, url: str, client: httpx.Client) -> None:
+    def __init__(
+        self, url: str, client: httpx.Client, *, min_severity: str = "info", secret: str | None = None
+    ) -> None:
         self.url = url
         self.client = client
+        self.min_severity = min_severity
+        self.secret = secret
+        self.name = sink_name("webhook", url)
 
     def send(self, notification: Notification) -> None:
         """The notification's fields: raw `evidence` for machines, `explanation` (list of lines) for people."""
-        self.client.post(self.url, json=asdict(notification)).raise_for_status()
+        body = json.dumps(notification.payload(), separators=(",", ":"), default=str).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.secret:
+            digest = hmac.new(self.secret.encode(), body, hashlib.sha256).hexdigest()
+            headers[SIGNATURE_HEADER] = f"sha256={digest}"
+        self.client.post(self.url, content=body, headers=headers).raise_for_status()
 
 
 class SlackSink:
     """Slack incoming-webhook format (`{"text": ...}`), also understood by Mattermost and Discord's /slack."""
 
-    name = "slack"
+    tracked = True
 
-    def __init__(self, url: str, client: httpx.Client) -> None:
+    def __init__(self, url: str, client: httpx.Client, *, min_severity: str = "info") -> None:
         self.url = url
         self.client = client
+        self.min_severity = min_severity
+        self.name = sink_name("slack", url)
 
     def send(self, notification: Notification) -> None:
         self.client.post(self.url, json={"text": notification.text()}).raise_for_status()
 
 
+@dataclass(frozen=True)
+class DeliveryUpdate:
+    alert_id: int
+    sink: str
+    event: str
+    status: str  # contracts.alerts.DELIVERY_STATUSES
+    attempts: int
+    error: str | None = None
+
+
+DeliveryRecorder = Callable[[Sequence[DeliveryUpdate]], None]
+"""Stores delivery state (the service writes it to the database); must not raise into a worker."""
+
+
+class _SinkWorker:
+    """One sink's bounded queue and daemon thread: its retries and timeouts delay only itself."""
+
+    def __init__(self, sink: Sink, dispatcher: Dispatcher, max_queue: int) -> None:
+        self.sink = sink
+        self.dispatcher = dispatcher
+        self.queue: queue.Queue[Notification | None] = queue.Queue(max_queue)
+        self.thread: threading.Thread | None = None
+        self.current: Notification | None = None
+        self.closing = False
+        self._lock = threading.Lock()
+
+    def put(self, notification: Notification) -> bool:
+        with self._lock:
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._run, name=f"lldmon-{self.sink.name}", daemon=True)
+                self.thread.start()
+        try:
+            self.queue.put_nowait(notification)
+        except queue.Full:
+            return False
+        return True
+
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            try:
+                if item is None:
+                    return
+                if not self.closing:
+                    self.current = item
+                    self.dispatcher._deliver(self.sink, item, self)
+                    self.current = None
+            finally:
+                self.queue.task_done()
+
+
 class Dispatcher:
-    """Delivers notifications to every sink from a daemon thread, with bounded retries and backoff."""
+    """Delivers notifications through one worker per sink, with bounded retries and backoff."""
 
     def __init__(
         self,
@@ -106,66 +237,128 @@ class Dispatcher:
         max_attempts: int = 5,
         base_delay: float = 0.5,
         max_queue: int = 10_000,
+        recorder: DeliveryRecorder | None = None,
+        public_url: str | None = None,
     ) -> None:
         self.sinks = list(sinks)
         self.telemetry = telemetry
         self.max_attempts = max_attempts
         self.base_delay = base_delay
-        self._queue: queue.Queue[tuple[Sink, Notification] | None] = queue.Queue(max_queue)
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self.recorder = recorder
+        self.public_url = public_url.rstrip("/") if public_url else None
+        self._workers = [_SinkWorker(sink, self, max_queue) for sink in self.sinks]
 
     def submit(self, notifications: Sequence[Notification]) -> None:
-        """Enqueue and return at once; a full queue drops (and counts) rather than blocks."""
+        """Enqueue and return at once (after recording them as pending); a full queue drops the
+        notification for that sink, counted and recorded as failed, rather than blocks. Call it after
+        the alerts' transaction has committed: recording opens a write transaction of its own."""
         if not notifications or not self.sinks:
             return
-        self._ensure_thread()
+        updates: list[DeliveryUpdate] = []
+        queued: list[tuple[_SinkWorker, Notification]] = []
         for notification in notifications:
-            for sink in self.sinks:
-                try:
-                    self._queue.put_nowait((sink, notification))
-                except queue.Full:
-                    self.telemetry.record_notification(sink.name, "dropped")
+            if self.public_url and notification.dashboard_url is None:
+                notification = replace(
+                    notification, dashboard_url=f"{self.public_url}/dashboard/run/{notification.run_id}"
+                )
+            for worker in self._workers:
+                sink = worker.sink
+                if SEVERITY_RANK.get(notification.severity, 0) < SEVERITY_RANK.get(sink.min_severity, 0):
+                    continue
+                queued.append((worker, notification))
+                if sink.tracked:
+                    updates.append(
+                        DeliveryUpdate(notification.alert_id, sink.name, notification.event, PENDING, 0)
+                    )
+        self._record(updates)
+        for worker, notification in queued:
+            if not worker.put(notification):
+                self.telemetry.record_notification(worker.sink.name, "dropped")
+                self._update(worker.sink, notification, FAILED, 0, "queue full: dropped")
 
     def join(self, timeout: float = 10.0) -> bool:
-        """Wait until the queue is drained (tests, shutdown)."""
+        """Wait until every sink's queue is drained (tests, shutdown)."""
         deadline = time.monotonic() + timeout
-        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+        while any(w.queue.unfinished_tasks for w in self._workers) and time.monotonic() < deadline:
             time.sleep(0.01)
-        return not self._queue.unfinished_tasks
+        return not any(w.queue.unfinished_tasks for w in self._workers)
 
     def close(self, timeout: float = 5.0) -> None:
+        """Drain for at most `timeout`; what is still queued or in flight then is recorded as failed
+        (the process is going away), so no notification stays `pending` for ever."""
         self.join(timeout)
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join(timeout)
+        for worker in self._workers:
+            worker.closing = True
+            left = [worker.current] if worker.current is not None else []
+            while True:
+                try:
+                    item = worker.queue.get_nowait()
+                except queue.Empty:
+                    break
+                worker.queue.task_done()
+                if item is not None:
+                    left.append(item)
+            for notification in left:
+                self._update(worker.sink, notification, FAILED, 0, "not delivered before shutdown")
+            if worker.thread is not None and worker.thread.is_alive():
+                with contextlib.suppress(queue.Full):
+                    worker.queue.put_nowait(None)
 
-    def _ensure_thread(self) -> None:
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="lldmon-alerts", daemon=True)
-                self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            try:
-                if item is None:
-                    return
-                self._deliver(*item)
-            finally:
-                self._queue.task_done()
-
-    def _deliver(self, sink: Sink, notification: Notification) -> None:
+    def _deliver(self, sink: Sink, notification: Notification, worker: _SinkWorker) -> None:
         for attempt in range(1, self.max_attempts + 1):
             try:
                 sink.send(notification)
             except Exception as exc:  # any sink failure is retried, then counted; never propagated
-                if attempt == self.max_attempts:
-                    log.warning("alert sink %s failed %d times: %s", sink.name, attempt, type(exc).__name__)
+                error = _describe(exc)
+                if attempt == self.max_attempts or worker.closing:
+                    log.warning("alert sink %s failed %d times: %s", sink.name, attempt, error)
                     self.telemetry.record_notification(sink.name, "failed")
+                    self._update(sink, notification, FAILED, attempt, error)
+                    worker.current = None
                     return
+                self._update(sink, notification, RETRYING, attempt, error)
                 time.sleep(self.base_delay * 2 ** (attempt - 1) * (0.5 + random.random()))
             else:
                 self.telemetry.record_notification(sink.name, "sent")
+                self._update(sink, notification, DELIVERED, attempt, None)
                 return
+
+    def _update(self, sink: Sink, n: Notification, status: str, attempts: int, error: str | None) -> None:
+        if sink.tracked:
+            self._record([DeliveryUpdate(n.alert_id, sink.name, n.event, status, attempts, error)])
+
+    def _record(self, updates: Sequence[DeliveryUpdate]) -> None:
+        if not updates or self.recorder is None:
+            return
+        try:
+            self.recorder(updates)
+        except Exception as exc:  # delivery state is bookkeeping: never let it stop a delivery
+            log.warning("could not record alert delivery state: %s", _describe(exc))
+
+
+def _describe(exc: BaseException) -> str:
+    """A short, secret-free reason: the HTTP status, or the transport error's type."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"HTTP {exc.response.status_code}"
+    return type(exc).__name__
+
+
+def build_sinks(settings: Settings, client: httpx.Client | None = None) -> list[Sink]:
+    """The sinks `settings` configure, each webhook with its own HTTP client
+    (own connection pool: a blackholed host cannot use up another sink's connections) unless `client`
+    is given (tests)."""
+
+    def http() -> httpx.Client:
+        return client or httpx.Client(timeout=settings.sink_timeout_seconds)
+
+    secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else None
+    sinks: list[Sink] = [LogSink()]
+    sinks += [
+        WebhookSink(url, http(), min_severity=settings.webhook_min_severity, secret=secret)
+        for url in settings.webhook_urls
+    ]
+    sinks += [
+        SlackSink(url, http(), min_severity=settings.slack_min_severity)
+        for url in settings.slack_webhook_urls
+    ]
+    return sinks

@@ -16,7 +16,7 @@ from fastapi_offline import FastAPIOffline
 from prometheus_client import CollectorRegistry
 
 from contracts.wire import API_PREFIX
-from monitor.alerting.sinks import Dispatcher, LogSink, Sink, SlackSink, WebhookSink
+from monitor.alerting.sinks import Dispatcher, Sink, build_sinks
 from monitor.api.body import BodyLimitMiddleware
 from monitor.api.errors import install_error_handlers
 from monitor.api.routes import ingest, ops, query, runs
@@ -25,10 +25,11 @@ from monitor.api.wire import request_schemas
 from monitor.config import Settings
 from monitor.db.engine import make_engine
 from monitor.db.migrate import current_revision, head_revision, upgrade
-from monitor.services.alerts import AlertService
+from monitor.services.alerts import AlertService, DeliveryLog
 from monitor.services.auth import AuthService
 from monitor.services.detection import DetectionService
 from monitor.services.ingest import IngestService
+from monitor.services.liveness import LivenessService, Sweeper
 from monitor.services.query import QueryService
 from monitor.services.runs import RunService
 from monitor.store import Database
@@ -73,11 +74,7 @@ def build_state(
 
 
 def make_sinks(settings: Settings, client: httpx.Client | None) -> list[Sink]:
-    sinks: list[Sink] = [LogSink()]
-    client = client or httpx.Client(timeout=10.0)
-    sinks += [WebhookSink(url, client) for url in settings.webhook_urls]
-    sinks += [SlackSink(url, client) for url in settings.slack_webhook_urls]
-    return sinks
+    return build_sinks(settings, client)
 
 
 def assemble_state(
@@ -95,7 +92,13 @@ def assemble_state(
 
     telemetry = ServiceMetrics(registry, snapshot)
     run_service = RunService(db)
-    dispatcher = Dispatcher(make_sinks(settings, http_client), telemetry)
+    dispatcher = Dispatcher(
+        make_sinks(settings, http_client),
+        telemetry,
+        max_attempts=settings.sink_max_attempts,
+        recorder=DeliveryLog(db),
+        public_url=settings.public_url or f"http://{settings.host}:{settings.port}",
+    )
     detection = DetectionService(db, run_service, settings, telemetry, dispatcher)
     return AppState(
         settings=settings,
@@ -107,7 +110,9 @@ def assemble_state(
         ingest=IngestService(db, run_service, telemetry, detection),
         query=QueryService(db, run_service),
         detection=detection,
-        alerts=AlertService(db, run_service),
+        alerts=AlertService(
+            db, run_service, dispatcher, renotify_after=detection.renotify_after, telemetry=telemetry
+        ),
         dispatcher=dispatcher,
     )
 
@@ -119,7 +124,11 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        liveness = LivenessService(state.db, state.runs, state.alerts, settings)
+        sweeper = Sweeper(liveness, settings.liveness_sweep_seconds)
+        sweeper.start()
         yield
+        sweeper.stop()
         state.dispatcher.close()
         state.db.dispose()
 

@@ -143,6 +143,16 @@ class DirectiveOut(BaseModel):
     source: str
     step: int | None
     updated_at: datetime | None
+    checkpoint: int = Field(
+        description="Id of the latest checkpoint request (the version that made it); 0: none."
+    )
+    stop: int = Field(description="Id of the standing stop request (the version that made it); 0: none.")
+    stop_reason: str
+    stop_on_collapse: bool = Field(description="Whether entering collapse requests a stop (opt-in per run).")
+    applied_version: int = Field(description="The highest version the trainer acknowledged.")
+    applied_step: int | None = Field(
+        None, description="In GET /directives: the first step at which the trainer acknowledged this version."
+    )
 
     @classmethod
     def of(cls, d: DirectiveInfo) -> DirectiveOut:
@@ -153,6 +163,12 @@ class DirectiveOut(BaseModel):
             source=d.source,
             step=d.step,
             updated_at=d.created_at,
+            checkpoint=d.checkpoint,
+            stop=d.stop,
+            stop_reason=d.stop_reason,
+            stop_on_collapse=d.stop_on_collapse,
+            applied_version=d.applied_version,
+            applied_step=d.applied_step,
         )
 
 
@@ -162,8 +178,23 @@ class LLDSIn(_Strict):
 
 
 class DirectiveIn(_Strict):
-    llds: LLDSIn
+    """A manual change: any of the levers; what is left out keeps its value."""
+
+    llds: LLDSIn | None = None
+    checkpoint: bool = Field(
+        False, description="true: request a checkpoint now (each request is saved once)."
+    )
+    stop: bool | None = Field(None, description="true: request a graceful stop; false: withdraw one.")
+    stop_on_collapse: bool | None = Field(None, description="Request a stop when the run enters collapse.")
     reason: str = Field(default="", max_length=2000, pattern=r"^[^\x00]*$")
+
+    @model_validator(mode="after")
+    def _something(self) -> DirectiveIn:
+        if self.llds is None and not self.checkpoint and self.stop is None and self.stop_on_collapse is None:
+            raise PydanticCustomError(
+                "nothing_to_change", "nothing to change: give llds, checkpoint, stop or stop_on_collapse"
+            )
+        return self
 
 
 class IngestAckOut(BaseModel):
@@ -227,6 +258,15 @@ class PhaseEventOut(BaseModel):
         )
 
 
+class DeliveryOut(BaseModel):
+    sink: str = Field(description="`webhook:<host>/<digest of the URL>` or `slack:...` (no secrets).")
+    event: str = Field(description="The latest notification sent there: firing, escalated or resolved.")
+    status: str = Field(description="pending, retrying, delivered or failed.")
+    attempts: int
+    last_error: str | None = Field(description="HTTP status or transport error of the last failed attempt.")
+    updated_at: datetime
+
+
 class AlertOut(BaseModel):
     id: int
     kind: str
@@ -245,6 +285,9 @@ class AlertOut(BaseModel):
     updated_at: datetime
     acknowledged_at: datetime | None
     resolved_at: datetime | None
+    deliveries: list[DeliveryOut] = Field(
+        default_factory=list, description="Where its latest notification stands, per sink."
+    )
 
     @classmethod
     def of(cls, a: AlertInfo) -> AlertOut:
@@ -262,6 +305,17 @@ class AlertOut(BaseModel):
             updated_at=a.updated_at,
             acknowledged_at=a.acknowledged_at,
             resolved_at=a.resolved_at,
+            deliveries=[
+                DeliveryOut(
+                    sink=d.sink,
+                    event=d.event,
+                    status=d.status,
+                    attempts=d.attempts,
+                    last_error=d.last_error,
+                    updated_at=d.updated_at,
+                )
+                for d in a.deliveries
+            ],
         )
 
 

@@ -23,6 +23,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     func,
 )
 from sqlalchemy.engine import Dialect
@@ -84,7 +85,7 @@ class Run(Base):
     __tablename__ = "runs"
     __table_args__ = (
         UniqueConstraint("project_id", "name", name="uq_runs_project_id_name"),
-        CheckConstraint("status IN ('running', 'finished', 'failed', 'crashed')", name="status"),
+        CheckConstraint("status IN ('running', 'finished', 'failed', 'crashed', 'stalled')", name="status"),
         CheckConstraint("directive_policy IN ('off', 'alert', 'auto')", name="directive_policy"),
     )
 
@@ -101,6 +102,12 @@ class Run(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), server_default=_now())
     last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), server_default=_now())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # Liveness (0004): thresholds set per run (NULL: the service's defaults), when the last step
+    # arrived, and recent seconds per step (their median scales the default stall threshold).
+    stall_after_s: Mapped[float | None] = mapped_column(Double)
+    crash_after_s: Mapped[float | None] = mapped_column(Double)
+    last_step_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    step_intervals: Mapped[list[float] | None] = mapped_column(JSON)
 
 
 class RunTag(Base):
@@ -180,6 +187,23 @@ class Alert(Base):
     resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
 
+class AlertDelivery(Base):
+    """Where an alert's latest notification stands at one sink (issue 15; `contracts.alerts`)."""
+
+    __tablename__ = "alert_deliveries"
+    __table_args__ = (
+        CheckConstraint("status IN ('pending', 'retrying', 'delivered', 'failed')", name="status"),
+    )
+
+    alert_id: Mapped[int] = mapped_column(ForeignKey("alerts.id", ondelete="CASCADE"), primary_key=True)
+    sink: Mapped[str] = mapped_column(String(128), primary_key=True)
+    event: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    last_error: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), server_default=_now())
+
+
 class Directive(Base):
     """What the service tells the trainer to do. Append-only: the highest version is current."""
 
@@ -195,6 +219,13 @@ class Directive(Base):
     source: Mapped[str] = mapped_column(String(16))
     step: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), server_default=_now())
+    # the levers (revision 0006): request ids are the version that asked (0: none), carried forward
+    checkpoint: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    stop: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    stop_reason: Mapped[str] = mapped_column(Text, default="", server_default="")
+    stop_on_collapse: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    llds_manual: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """Whether a person set LLDS in this or an earlier version (then the detector never changes it)."""
 
 
 class IngestBatch(Base):

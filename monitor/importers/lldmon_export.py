@@ -90,7 +90,7 @@ def _pyarrow() -> tuple[Any, Any]:
         import pyarrow.parquet as pq
     except ImportError:
         raise LogImportError(
-            "reading Parquet needs pyarrow, which comes with lldmon's server extra (or: pip install pyarrow)"
+            "reading Parquet needs pyarrow, which comes with lldmon's formats extra (or: pip install pyarrow)"
         ) from None
     return pa, pq
 

@@ -11,7 +11,7 @@ import json
 import math
 import os
 from array import array
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -108,7 +108,14 @@ def iter_json_objects(
 ) -> Iterator[tuple[Line, dict[str, object]]]:
     """The JSON-object lines of a JSON-per-line log with their line, blank lines skipped; a line that is not
     valid JSON or not an object is reported to `diagnostics` with its number and skipped."""
-    for line in iter_lines(path, progress):
+    return json_objects(iter_lines(path, progress), path, diagnostics)
+
+
+def json_objects(
+    lines: Iterable[Line], path: str, diagnostics: Diagnostics
+) -> Iterator[tuple[Line, dict[str, object]]]:
+    """`iter_json_objects` over lines read elsewhere (`lldmon watch` reads a growing file itself)."""
+    for line in lines:
         if not line.text.strip():
             continue
         try:

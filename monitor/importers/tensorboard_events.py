@@ -30,7 +30,9 @@ RECORD_OVERHEAD: Final = 16
 """TFRecord framing around each event: length (8), its CRC (4), the data's CRC (4)."""
 SCALARS_PLUGIN: Final = "scalars"
 
-_INSTALL_HINT: Final = "reading TensorBoard files needs the tensorboard package: pip install 'lldmon[server]'"
+_INSTALL_HINT: Final = (
+    "reading TensorBoard files needs the tensorboard package: pip install 'lldmon[formats]'"
+)
 
 
 def _tensorboard() -> Any:

@@ -11,16 +11,18 @@ a value that is not a number is reported with its file and line. Streamed line b
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Final
 
 from contracts.trainer_keys import VERL
 from monitor.importers.parsed import FileColumns, ParsedLog, Paths
 from monitor.importers.reading import (
     Diagnostics,
+    Line,
     ProgressCallback,
     StepRecords,
-    iter_json_objects,
+    iter_lines,
+    json_objects,
     load_files,
     parse_step,
     short,
@@ -43,8 +45,13 @@ def parse_verl_jsonl_file(
     path: str, diagnostics: Diagnostics, progress: ProgressCallback | None = None
 ) -> FileColumns:
     """Step records (canonical names) of one JSONL file."""
+    return parse_verl_jsonl_lines(iter_lines(path, progress), path, diagnostics)
+
+
+def parse_verl_jsonl_lines(lines: Iterable[Line], path: str, diagnostics: Diagnostics) -> FileColumns:
+    """Step records (canonical names) of JSONL lines read elsewhere (`lldmon watch` follows a file)."""
     records = StepRecords(path, diagnostics, VERL)
-    for line, obj in iter_json_objects(path, diagnostics, progress):
+    for line, obj in json_objects(lines, path, diagnostics):
         if STEP_KEY not in obj:
             diagnostics.report(path, line.number, 'no "step"')
             continue

@@ -1,20 +1,131 @@
-"""Alerts as users see them: list and acknowledge (the detector opens and resolves them)."""
+"""Alerts as users see them (list, acknowledge) and the one place alerts are opened, escalated and
+resolved: `apply_conditions`, used by the detector inside its transaction and by `raise_alert` /
+`clear_alert` for alerts from other sources (a liveness check's `run_stalled`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 
+from sqlalchemy import Connection
+
+from contracts.alerts import ESCALATED, FIRING, RESOLVED
+from monitor.alerting.rules import ActiveCondition, plan_alerts
+from monitor.alerting.sinks import DeliveryUpdate, Dispatcher, Notification
 from monitor.domain import AlertInfo, Principal, RunInfo
 from monitor.errors import NotFound
 from monitor.services.runs import RunService
 from monitor.store import Database
 from monitor.store import alerts as alert_store
+from monitor.telemetry import ServiceMetrics
+
+DEFAULT_RENOTIFY = timedelta(hours=1)
+Notifications = list[Notification]
+"""(`AlertService` has a method named `list`.)"""
+
+
+@dataclass(frozen=True)
+class AlertRun:
+    """The run an alert is about, as notifications name it."""
+
+    run_id: int
+    name: str
+    project: str
+    phase: str | None = None
+
+
+def apply_conditions(
+    conn: Connection,
+    run: AlertRun,
+    active: Sequence[ActiveCondition],
+    *,
+    now: datetime,
+    renotify_after: timedelta,
+    kinds: Collection[str] | None = None,
+    last_step: int | None = None,
+    telemetry: ServiceMetrics | None = None,
+) -> list[Notification]:
+    """Open, refresh, escalate and resolve the run's alerts of `kinds` (None: all) so they match the
+    `active` conditions, in the caller's transaction; returns what to notify once it has committed.
+    `last_step`: the step judged last (alerts resolve there; default: the latest active step)."""
+    plan = plan_alerts(
+        alert_store.open_alerts(conn, run.run_id), active, now=now, renotify_after=renotify_after, kinds=kinds
+    )
+    step = last_step if last_step is not None else max((c.step for c in active), default=0)
+    notes: list[Notification] = []
+    for alert, _successor in plan.superseded:  # closed without a "resolved": the run got worse
+        alert_store.resolve(conn, alert.id, step, now)
+    for condition in plan.create:
+        alert_id = alert_store.create(conn, run.run_id, condition, now)
+        if telemetry is not None:
+            telemetry.record_alert(condition.severity, condition.kind)
+        warning = plan.escalates(condition.kind)
+        if warning is None:
+            notes.append(_notification(FIRING, alert_id, run, condition))
+        else:
+            notes.append(_notification(ESCALATED, alert_id, run, condition, warning.severity))
+    for refresh in plan.refresh:
+        alert_store.refresh(conn, refresh.alert_id, refresh.condition, now, refresh.notify)
+        if refresh.notify:
+            notes.append(
+                _notification(
+                    refresh.event, refresh.alert_id, run, refresh.condition, refresh.previous_severity
+                )
+            )
+    for alert in plan.resolve:
+        alert_store.resolve(conn, alert.id, step, now)
+        cleared = ActiveCondition(alert.kind, alert.severity, step, "condition cleared", {})
+        notes.append(_notification(RESOLVED, alert.id, run, cleared))
+    return notes
+
+
+def _notification(
+    event: str, alert_id: int, run: AlertRun, c: ActiveCondition, previous_severity: str | None = None
+) -> Notification:
+    return Notification(
+        event=event,
+        alert_id=alert_id,
+        run_id=run.run_id,
+        run_name=run.name,
+        project=run.project,
+        kind=c.kind,
+        severity=c.severity,
+        step=c.step,
+        message=c.message,
+        evidence=c.evidence,
+        phase=run.phase,
+        previous_severity=previous_severity,
+    )
+
+
+class DeliveryLog:
+    """The dispatcher's `DeliveryRecorder`: stores delivery state per alert and sink, one short
+    transaction per call (from the sinks' worker threads, never inside an ingest transaction)."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def __call__(self, updates: Sequence[DeliveryUpdate]) -> None:
+        with self.db.write() as conn:
+            alert_store.record_deliveries(conn, updates)
 
 
 class AlertService:
-    def __init__(self, db: Database, runs: RunService) -> None:
+    def __init__(
+        self,
+        db: Database,
+        runs: RunService,
+        dispatcher: Dispatcher | None = None,
+        *,
+        renotify_after: timedelta = DEFAULT_RENOTIFY,
+        telemetry: ServiceMetrics | None = None,
+    ) -> None:
         self.db = db
         self.runs = runs
+        self.dispatcher = dispatcher
+        self.renotify_after = renotify_after
+        self.telemetry = telemetry
 
     def list(self, principal: Principal, run_id: int, status: str | None = None) -> list[AlertInfo]:
         self.runs.get(principal, run_id)
@@ -40,3 +151,29 @@ class AlertService:
             alert = alert_store.get(conn, alert_id)
         assert alert is not None
         return alert
+
+    def raise_alert(self, run: RunInfo, condition: ActiveCondition) -> Notifications:
+        """Open (or refresh, escalate, re-notify) the run's alert of `condition.kind` from outside the
+        detector (a liveness check's `run_stalled`) and send what is due through the sinks. Only that
+        kind is judged, and the detector never resolves it: `clear_alert` does."""
+        return self._apply(run, [condition], condition.kind, condition.step)
+
+    def clear_alert(self, run: RunInfo, kind: str, step: int) -> Notifications:
+        """Resolve the run's open alert of `kind` at `step` (notified as resolved); none open: nothing."""
+        return self._apply(run, [], kind, step)
+
+    def _apply(self, run: RunInfo, active: Sequence[ActiveCondition], kind: str, step: int) -> Notifications:
+        with self.db.write() as conn:
+            notes = apply_conditions(
+                conn,
+                AlertRun(run.id, run.name, run.project, run.phase),
+                active,
+                now=datetime.now(timezone.utc),
+                renotify_after=self.renotify_after,
+                kinds={kind},
+                last_step=step,
+                telemetry=self.telemetry,
+            )
+        if self.dispatcher is not None:
+            self.dispatcher.submit(notes)
+        return notes

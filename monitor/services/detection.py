@@ -17,18 +17,20 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import Any, Final
 
+from contracts.directive import SOURCE_DETECTOR
 from contracts.metrics import CANONICAL_METRICS
 from contracts.wire import encode_json
-from monitor.alerting.rules import ActiveCondition, plan_alerts
+from monitor.alerting.rules import ActiveCondition
 from monitor.alerting.sinks import Dispatcher, Notification
 from monitor.config import Settings
 from monitor.detector import DetectorConfig, DetectorState, SeriesWindow, update
+from monitor.detector.findings import ALL_KINDS as DETECTOR_ALERT_KINDS
 from monitor.domain import DirectiveInfo, Principal
 from monitor.errors import InvalidInput, NotFound
-from monitor.services.directive_policy import DirectiveRule, decide
+from monitor.services.alerts import AlertRun, apply_conditions
+from monitor.services.directive_policy import DirectiveRule, decide, decide_levers
 from monitor.services.runs import RunService
 from monitor.store import Database
-from monitor.store import alerts as alert_store
 from monitor.store import detection as detection_store
 from monitor.store import events as event_store
 from monitor.telemetry import ServiceMetrics
@@ -128,31 +130,31 @@ class DetectionService:
                 ActiveCondition(f.kind, f.severity, f.step, f.message, encode_json(f.evidence))
                 for f in (*result.findings, *transient)
             ]
-            plan = plan_alerts(
-                alert_store.open_alerts(conn, run_id), active, now=now, renotify_after=self.renotify_after
+            notifications = apply_conditions(
+                conn,
+                AlertRun(target.run_id, target.name, target.project, result.state.phase),
+                active,
+                now=now,
+                renotify_after=self.renotify_after,
+                kinds=DETECTOR_ALERT_KINDS,
+                last_step=last_step,
+                telemetry=self.telemetry,
             )
-            for condition in plan.create:
-                alert_id = alert_store.create(conn, run_id, condition, now)
-                self.telemetry.record_alert(condition.severity, condition.kind)
-                notifications.append(_notification("firing", alert_id, target, condition))
-            for refresh in plan.refresh:
-                alert_store.refresh(conn, refresh.alert_id, refresh.condition, now, refresh.notify)
-                if refresh.notify:
-                    notifications.append(_notification("firing", refresh.alert_id, target, refresh.condition))
-            for alert in plan.resolve:
-                alert_store.resolve(conn, alert.id, last_step, now)
-                resolved = ActiveCondition(alert.kind, alert.severity, last_step, "condition cleared", {})
-                notifications.append(_notification("resolved", alert.id, target, resolved))
             directive = event_store.current_directive(conn, run_id)
             change = decide(target.policy, result.state.phase, last_step, directive, self.rule)
-            if change is not None:
+            entered = [(c.phase, c.step) for c in result.phase_changes]
+            levers = decide_levers(target.policy, entered, directive)
+            if change is not None or levers is not None:
                 event_store.append_directive(
                     conn,
                     run_id,
-                    llds_enabled=change.llds_enabled,
-                    llds_lambda=change.llds_lambda,
-                    reason=change.reason,
-                    source="detector",
+                    llds_enabled=change.llds_enabled if change is not None else None,
+                    llds_lambda=change.llds_lambda if change is not None else None,
+                    checkpoint=levers is not None and levers.checkpoint,
+                    stop=True if levers is not None and levers.stop else None,
+                    stop_reason=levers.reason if levers is not None and levers.stop else "",
+                    reason="; ".join(c.reason for c in (change, levers) if c is not None),
+                    source=SOURCE_DETECTOR,
                     step=last_step,
                 )
                 directive = event_store.current_directive(conn, run_id)
@@ -168,20 +170,3 @@ class DetectionService:
         with self.db.write() as conn:
             detection_store.set_overrides(conn, run_id, overrides)
         return overrides
-
-
-def _notification(
-    event: str, alert_id: int, target: detection_store.DetectionTarget, c: ActiveCondition
-) -> Notification:
-    return Notification(
-        event=event,
-        alert_id=alert_id,
-        run_id=target.run_id,
-        run_name=target.name,
-        project=target.project,
-        kind=c.kind,
-        severity=c.severity,
-        step=c.step,
-        message=c.message,
-        evidence=c.evidence,
-    )

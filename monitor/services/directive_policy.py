@@ -1,6 +1,9 @@
-"""Pure closed-loop rule: when an `auto` run slides into decay (or collapse), switch LLDS on.
+"""Pure closed-loop rules: when an `auto` run slides into decay (or collapse), switch LLDS on; when it
+enters decay, request a checkpoint (`auto`, the last good weights); when it enters collapse, request a
+stop (only where the run opted in: stop-on-collapse, whatever its policy).
 
-Manual directives win: once a person set the directive, the detector never changes it again.
+Manual LLDS wins: once a person set LLDS, the detector never changes it again (a person's checkpoint
+or stop request does not count as setting it).
 If the run is still in the trigger phase `escalate_after` steps after LLDS was switched on, lambda
 is raised once to `lambda_max` (the paper uses 0.2, `DEFAULT_LLDS_LAMBDA`, and 0.3 for the 7B model; 0.01 only delays
 collapse, lld-reference.md section 4).
@@ -8,9 +11,12 @@ collapse, lld-reference.md section 4).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from contracts.directive import DEFAULT_LLDS_LAMBDA
+from monitor.detector import COLLAPSE, DECAY
 from monitor.domain import DirectiveInfo
 
 SLIDING = {"decay": ("decay", "collapse"), "collapse": ("collapse",)}
@@ -34,7 +40,7 @@ class DirectiveChange:
 def decide(
     policy: str, phase: str, step: int, current: DirectiveInfo, rule: DirectiveRule
 ) -> DirectiveChange | None:
-    if policy != "auto" or current.source == "manual":
+    if policy != "auto" or current.llds_manual:
         return None
     if phase not in SLIDING[rule.trigger_phase]:
         return None
@@ -50,3 +56,34 @@ def decide(
             f"auto: still in {phase} {step - since} steps after LLDS was switched on; lambda {rule.lam_max}",
         )
     return None
+
+
+CHECKPOINT_PHASE: Final = DECAY
+"""Entering it, an `auto` run gets a checkpoint request: the weights before the slide goes further."""
+STOP_PHASE: Final = COLLAPSE
+"""Entering it, a run that opted in to stop-on-collapse gets a stop request."""
+
+
+@dataclass(frozen=True)
+class LeverChange:
+    checkpoint: bool
+    stop: bool
+    reason: str
+
+
+def decide_levers(
+    policy: str, entered: Sequence[tuple[str, int]], current: DirectiveInfo
+) -> LeverChange | None:
+    """Checkpoint/stop requests for the phases a run entered, as (phase, step), in step order."""
+    checkpoint = stop = False
+    reasons = []
+    for phase, step in entered:
+        if phase == CHECKPOINT_PHASE and policy == "auto" and not checkpoint:
+            checkpoint = True
+            reasons.append(f"auto: run entered {phase} (step {step}); checkpoint requested")
+        if phase == STOP_PHASE and current.stop_on_collapse and not stop:
+            stop = True
+            reasons.append(f"stop-on-collapse: run entered {phase} (step {step}); stop requested")
+    if not (checkpoint or stop):
+        return None
+    return LeverChange(checkpoint, stop, "; ".join(reasons))

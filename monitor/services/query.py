@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from contracts.directive import SOURCE_MANUAL
 from contracts.wire import NAN, NEG_INF, POS_INF
 from monitor.domain import DirectiveInfo, MetricSummary, PhaseEventInfo, Principal, RunSummary, Series
 from monitor.errors import InvalidInput
@@ -111,20 +112,48 @@ class QueryService:
             return event_store.current_directive(conn, run_id)
 
     def set_directive(
-        self, principal: Principal, run_id: int, *, llds_enabled: bool, llds_lambda: float, reason: str
+        self,
+        principal: Principal,
+        run_id: int,
+        *,
+        llds_enabled: bool | None = None,
+        llds_lambda: float | None = None,
+        checkpoint: bool = False,
+        stop: bool | None = None,
+        stop_on_collapse: bool | None = None,
+        reason: str = "",
     ) -> DirectiveInfo:
-        """Manual override by a user; recorded as a new directive version with its reason."""
-        if not (llds_lambda >= 0 and np.isfinite(llds_lambda)):
+        """Manual change by a user, recorded as a new directive version with its reason: switch LLDS,
+        request a checkpoint (`checkpoint=True`), request or withdraw a stop, opt in or out of
+        stop-on-collapse. What is left None keeps its value."""
+        if llds_lambda is not None and not (llds_lambda >= 0 and np.isfinite(llds_lambda)):
             raise InvalidInput("lambda must be a finite number >= 0", field="lam")
+        sets_llds = llds_enabled is not None or llds_lambda is not None
+        if not (sets_llds or checkpoint or stop is not None or stop_on_collapse is not None):
+            raise InvalidInput("nothing to change: give llds, checkpoint, stop or stop_on_collapse")
         run = self.runs.get(principal, run_id)
+        reason = reason or "manual " + ", ".join(
+            what
+            for what, given in (
+                ("override", sets_llds),
+                ("checkpoint request", checkpoint),
+                ("stop request" if stop else "stop withdrawn", stop is not None),
+                (f"stop-on-collapse {'on' if stop_on_collapse else 'off'}", stop_on_collapse is not None),
+            )
+            if given
+        )
         with self.db.write() as conn:
             event_store.append_directive(
                 conn,
                 run_id,
                 llds_enabled=llds_enabled,
                 llds_lambda=llds_lambda,
-                reason=reason or "manual override",
-                source="manual",
+                checkpoint=checkpoint,
+                stop=stop,
+                stop_reason=reason if stop else "",
+                stop_on_collapse=stop_on_collapse,
+                reason=reason,
+                source=SOURCE_MANUAL,
                 step=run.last_step,
             )
             return event_store.current_directive(conn, run_id)

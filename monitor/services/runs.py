@@ -8,7 +8,7 @@ from typing import Any, Final
 
 from sqlalchemy import Connection
 
-from contracts.wire import DEFAULT_PROJECT, DIRECTIVE_POLICIES, RUN_STATUSES
+from contracts.wire import DEFAULT_PROJECT, DIRECTIVE_POLICIES, FINISH_STATUSES, RUN_STATUSES
 from monitor.domain import Principal, RunFilter, RunInfo
 from monitor.errors import Forbidden, InvalidInput, NotFound
 from monitor.services.auth import check_access
@@ -89,8 +89,8 @@ class RunService:
             return run_store.list_runs(conn, flt)
 
     def finish(self, principal: Principal, run_id: int, status: str) -> RunInfo:
-        if status not in RUN_STATUSES or status == "running":
-            raise InvalidInput(f"status must be one of {list(RUN_STATUSES[1:])}", field="status")
+        if status not in FINISH_STATUSES:
+            raise InvalidInput(f"status must be one of {list(FINISH_STATUSES)}", field="status")
         self.get(principal, run_id)
         with self.db.write() as conn:
             run_store.finish_run(conn, run_id, status)

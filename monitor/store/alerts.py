@@ -1,18 +1,22 @@
-"""Alert rows: open, refresh, resolve, acknowledge, list."""
+"""Alert rows: open, refresh, resolve, acknowledge, list; and their delivery state per sink."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections.abc import Sequence
+from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import Connection, Row, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 
 from monitor.alerting.rules import ActiveCondition, OpenAlert
-from monitor.db.models import Alert
-from monitor.domain import AlertInfo
+from monitor.alerting.sinks import DeliveryUpdate
+from monitor.db.models import Alert, AlertDelivery
+from monitor.domain import AlertInfo, DeliveryInfo
 from monitor.store._sql import table_of
 
 alerts = table_of(Alert)
+deliveries = table_of(AlertDelivery)
 _UNRESOLVED = ("open", "acknowledged")
 
 
@@ -88,14 +92,55 @@ def acknowledge(conn: Connection, run_id: int, alert_id: int) -> bool:
 
 def get(conn: Connection, alert_id: int) -> AlertInfo | None:
     row = conn.execute(select(alerts).where(alerts.c.id == alert_id)).one_or_none()
-    return None if row is None else _to_info(row)
+    return None if row is None else _to_info(row, _deliveries_of(conn, [alert_id]))
 
 
 def list_alerts(conn: Connection, run_id: int, status: str | None = None) -> list[AlertInfo]:
     query = select(alerts).where(alerts.c.run_id == run_id)
     if status is not None:
         query = query.where(alerts.c.status == status)
-    return [_to_info(r) for r in conn.execute(query.order_by(alerts.c.id)).all()]
+    rows = conn.execute(query.order_by(alerts.c.id)).all()
+    states = _deliveries_of(conn, [int(r.id) for r in rows])
+    return [_to_info(r, states) for r in rows]
+
+
+def record_deliveries(conn: Connection, updates: Sequence[DeliveryUpdate]) -> None:
+    """Upsert the latest state per (alert, sink); an alert deleted meanwhile (import --replace) is skipped."""
+    now = datetime.now(timezone.utc)
+    known = set(
+        conn.execute(select(alerts.c.id).where(alerts.c.id.in_({u.alert_id for u in updates}))).scalars()
+    )
+    rows = [
+        {
+            "alert_id": u.alert_id,
+            "sink": u.sink,
+            "event": u.event,
+            "status": u.status,
+            "attempts": u.attempts,
+            "last_error": u.error,
+            "updated_at": now,
+        }
+        for u in updates
+        if u.alert_id in known
+    ]
+    if not rows:
+        return
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    for row in rows:  # one statement per row: a batch may update one (alert, sink) twice
+        insert = dialect.insert(deliveries).values(**row)
+        changed = {k: insert.excluded[k] for k in ("event", "status", "attempts", "last_error", "updated_at")}
+        conn.execute(insert.on_conflict_do_update(index_elements=["alert_id", "sink"], set_=changed))
+
+
+def _deliveries_of(conn: Connection, alert_ids: list[int]) -> dict[int, tuple[DeliveryInfo, ...]]:
+    if not alert_ids:
+        return {}
+    found: dict[int, list[DeliveryInfo]] = {}
+    query = select(deliveries).where(deliveries.c.alert_id.in_(alert_ids)).order_by(deliveries.c.sink)
+    for r in conn.execute(query).all():
+        info = DeliveryInfo(r.sink, r.event, r.status, r.attempts, r.last_error, r.updated_at)
+        found.setdefault(int(r.alert_id), []).append(info)
+    return {alert_id: tuple(states) for alert_id, states in found.items()}
 
 
 def unresolved_counts(conn: Connection, run_ids: list[int]) -> dict[int, int]:
@@ -117,7 +162,7 @@ def open_counts(conn: Connection) -> dict[str, int]:
     return {str(s): int(n) for s, n in rows}
 
 
-def _to_info(r: Row[Any]) -> AlertInfo:
+def _to_info(r: Row[Any], states: dict[int, tuple[DeliveryInfo, ...]]) -> AlertInfo:
     return AlertInfo(
         id=r.id,
         run_id=r.run_id,
@@ -132,4 +177,5 @@ def _to_info(r: Row[Any]) -> AlertInfo:
         updated_at=r.updated_at,
         acknowledged_at=r.acknowledged_at,
         resolved_at=r.resolved_at,
+        deliveries=states.get(int(r.id), ()),
     )

@@ -2,25 +2,23 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, false, func, select, true
 
-from monitor.db.models import Directive, PhaseEvent, Run
+from contracts.directive import APPLIED_VERSION_METRIC, DEFAULT_LLDS_LAMBDA, SOURCE_MANUAL
+from monitor.db.models import Directive, PhaseEvent, Run, StepMetric
 from monitor.domain import DirectiveInfo, PhaseEventInfo
 from monitor.store._sql import table_of
 
 directives = table_of(Directive)
 phase_events = table_of(PhaseEvent)
 runs = table_of(Run)
+step_metrics = table_of(StepMetric)
 
 
-def current_directive(conn: Connection, run_id: int) -> DirectiveInfo:
-    row = conn.execute(
-        select(directives).where(directives.c.run_id == run_id).order_by(directives.c.version.desc()).limit(1)
-    ).one_or_none()
-    if row is None:
-        return DirectiveInfo()
+def _info(row: Any, applied_version: int = 0, applied_step: int | None = None) -> DirectiveInfo:
     return DirectiveInfo(
         version=row.version,
         llds_enabled=row.llds_enabled,
@@ -29,25 +27,59 @@ def current_directive(conn: Connection, run_id: int) -> DirectiveInfo:
         source=row.source,
         step=row.step,
         created_at=row.created_at,
+        checkpoint=row.checkpoint,
+        stop=row.stop,
+        stop_reason=row.stop_reason,
+        stop_on_collapse=row.stop_on_collapse,
+        llds_manual=row.llds_manual,
+        applied_version=applied_version,
+        applied_step=applied_step,
     )
+
+
+def applied_version(conn: Connection, run_id: int) -> int:
+    """The highest directive version the run's trainer acknowledged (0: none)."""
+    value = conn.execute(
+        select(func.max(step_metrics.c.value)).where(
+            step_metrics.c.run_id == run_id, step_metrics.c.name == APPLIED_VERSION_METRIC
+        )
+    ).scalar_one()
+    return int(value) if value is not None and math.isfinite(value) and value > 0 else 0
+
+
+def current_directive(conn: Connection, run_id: int) -> DirectiveInfo:
+    row = conn.execute(
+        select(directives).where(directives.c.run_id == run_id).order_by(directives.c.version.desc()).limit(1)
+    ).one_or_none()
+    if row is None:
+        return DirectiveInfo(applied_version=applied_version(conn, run_id))
+    return _info(row, applied_version(conn, run_id))
 
 
 def append_directive(
     conn: Connection,
     run_id: int,
     *,
-    llds_enabled: bool,
-    llds_lambda: float,
     reason: str,
     source: str,
     step: int | None,
+    llds_enabled: bool | None = None,
+    llds_lambda: float | None = None,
+    checkpoint: bool = False,
+    stop: bool | None = None,
+    stop_reason: str = "",
+    stop_on_collapse: bool | None = None,
 ) -> int:
     """Append the next version of the run's directive and return it.
+
+    Fields left None keep the previous version's values (the defaults on a run's first version);
+    `checkpoint=True` and `stop=True` make this version the id of a new request, `stop=False` withdraws
+    a standing stop. A manual version that sets LLDS marks LLDS as a person's from then on.
 
     Concurrent writers (threads, worker processes, two servers on one SQLite file) must queue, not
     collide on (run_id, version): on PostgreSQL the run's row lock (FOR UPDATE, also what the detector
     holds) serialises them and the next statement sees the committed maximum; on SQLite the version
-    is read inside the INSERT itself, which holds the database's single write lock.
+    and the carried values are read inside the INSERT itself, which holds the database's single write lock.
     """
     if conn.dialect.name == "postgresql":
         conn.execute(select(runs.c.id).where(runs.c.id == run_id).with_for_update())
@@ -56,16 +88,36 @@ def append_directive(
         .where(directives.c.run_id == run_id)
         .scalar_subquery()
     )
+
+    def previous(column: str, default: Any) -> Any:
+        latest = (
+            select(directives.c[column])
+            .where(directives.c.run_id == run_id)
+            .order_by(directives.c.version.desc())
+            .limit(1)
+            .scalar_subquery()
+        )
+        return func.coalesce(latest, default)
+
+    def kept(column: str, value: Any, default: Any) -> Any:
+        return previous(column, default) if value is None else value
+
+    sets_llds = llds_enabled is not None or llds_lambda is not None
     result = conn.execute(
         directives.insert()
         .values(
             run_id=run_id,
             version=next_version,
-            llds_enabled=llds_enabled,
-            llds_lambda=llds_lambda,
+            llds_enabled=kept("llds_enabled", llds_enabled, false()),
+            llds_lambda=kept("llds_lambda", llds_lambda, DEFAULT_LLDS_LAMBDA),
             reason=reason,
             source=source,
             step=step,
+            checkpoint=next_version if checkpoint else previous("checkpoint", 0),
+            stop=(next_version if stop else 0) if stop is not None else previous("stop", 0),
+            stop_reason=stop_reason if stop else ("" if stop is not None else previous("stop_reason", "")),
+            stop_on_collapse=kept("stop_on_collapse", stop_on_collapse, false()),
+            llds_manual=true() if sets_llds and source == SOURCE_MANUAL else previous("llds_manual", false()),
         )
         .returning(directives.c.version)
     )
@@ -73,13 +125,26 @@ def append_directive(
 
 
 def directive_history(conn: Connection, run_id: int) -> list[DirectiveInfo]:
+    """Every version, oldest first, each with the first step at which the trainer acknowledged it."""
     rows = conn.execute(
         select(directives).where(directives.c.run_id == run_id).order_by(directives.c.version)
     ).all()
-    return [
-        DirectiveInfo(r.version, r.llds_enabled, r.llds_lambda, r.reason, r.source, r.step, r.created_at)
-        for r in rows
-    ]
+    acks = conn.execute(
+        select(step_metrics.c.step, step_metrics.c.value)
+        .where(step_metrics.c.run_id == run_id, step_metrics.c.name == APPLIED_VERSION_METRIC)
+        .order_by(step_metrics.c.step)
+    ).all()
+    first_step: dict[int, int] = {}  # version -> first step whose acknowledgement covers it
+    highest = 0
+    for ack in acks:
+        if ack.value is None or not math.isfinite(ack.value) or int(ack.value) <= highest:
+            continue
+        for version in range(highest + 1, int(ack.value) + 1):
+            if version > len(rows) + 1:
+                break
+            first_step[version] = int(ack.step)
+        highest = int(ack.value)
+    return [_info(r, highest, first_step.get(r.version)) for r in rows]
 
 
 def list_phase_events(conn: Connection, run_id: int) -> list[PhaseEventInfo]:

@@ -9,12 +9,15 @@ not break every listing of its project (pydantic refuses to serialise ~255 level
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any, Final
 
 from sqlalchemy import Connection, Row, Text, cast, func, select, update
 
-from contracts.wire import encode_float
+from contracts.wire import RUN_CRASHED, RUN_STALLED, encode_float
 from monitor.db.models import Project, Run, RunTag
 from monitor.domain import RunFilter, RunInfo
 from monitor.store._sql import insert_ignore, table_of
@@ -22,6 +25,13 @@ from monitor.store._sql import insert_ignore, table_of
 projects = table_of(Project)
 runs = table_of(Run)
 run_tags = table_of(RunTag)
+
+STEP_INTERVALS_KEPT: Final = 32
+"""Recent seconds-per-step observations kept per run (their median scales its stall threshold)."""
+REVIVABLE: Final = (RUN_STALLED, RUN_CRASHED)
+"""Statuses a new batch or heartbeat turns back into `running` (the job is evidently alive)."""
+LIVE: Final = ("running", RUN_STALLED)
+"""Statuses the liveness sweeper watches and /metrics reports per run."""
 
 MAX_CONFIG_DEPTH: Final = 32
 """Nesting levels a run config may have (the config object itself is level 1)."""
@@ -102,7 +112,7 @@ def create_run(
         conn.execute(
             update(runs)
             .where(runs.c.id == run_id)
-            .values(status="running", finished_at=None, last_seen_at=func.now())
+            .values(status="running", finished_at=None, last_seen_at=datetime.now(timezone.utc))
         )
     for tag in dict.fromkeys(tags):
         insert_ignore(conn, run_tags, {"run_id": run_id, "tag": tag})
@@ -142,9 +152,25 @@ def finish_run(conn: Connection, run_id: int, status: str) -> None:
     conn.execute(update(runs).where(runs.c.id == run_id).values(status=status, finished_at=func.now()))
 
 
-def touch_run(conn: Connection, run_id: int, last_step: int | None) -> None:
-    """Record activity; `last_step` only ever grows."""
-    values: dict[str, Any] = {"last_seen_at": func.now()}
+def touch_run(conn: Connection, run_id: int, last_step: int | None) -> str | None:
+    """Record activity (a batch): revive a stalled or crashed run, note when a new last step arrived and
+    its seconds per step; `last_step` only ever grows. Returns the status the run had (None: no run)."""
+    now = datetime.now(timezone.utc)
+    row = conn.execute(
+        select(runs.c.status, runs.c.last_step, runs.c.last_step_at, runs.c.step_intervals).where(
+            runs.c.id == run_id
+        )
+    ).one_or_none()
+    if row is None:
+        return None
+    values: dict[str, Any] = {"last_seen_at": now, **_revive(row.status)}
+    if last_step is not None and (row.last_step is None or last_step > row.last_step):
+        values["last_step_at"] = now
+        if row.last_step is not None and row.last_step_at is not None:
+            per_step = (now - row.last_step_at).total_seconds() / (last_step - row.last_step)
+            kept = [float(x) for x in (row.step_intervals or []) if isinstance(x, (int, float))]
+            if math.isfinite(per_step) and per_step >= 0:
+                values["step_intervals"] = [*kept, per_step][-STEP_INTERVALS_KEPT:]
     if last_step is not None:
         # GREATEST ignores NULL on PostgreSQL; SQLite's two-argument max() does not.
         values["last_step"] = (
@@ -153,6 +179,96 @@ def touch_run(conn: Connection, run_id: int, last_step: int | None) -> None:
             else func.greatest(runs.c.last_step, last_step)
         )
     conn.execute(update(runs).where(runs.c.id == run_id).values(**values))
+    return str(row.status)
+
+
+def _revive(status: str) -> dict[str, Any]:
+    return {"status": "running", "finished_at": None} if status in REVIVABLE else {}
+
+
+@dataclass(frozen=True)
+class RunLiveness:
+    """What the liveness sweeper needs of a run."""
+
+    id: int
+    project: str
+    name: str
+    status: str
+    last_step: int | None
+    last_seen_at: datetime
+    last_step_at: datetime | None
+    stall_after_s: float | None
+    crash_after_s: float | None
+    step_intervals: list[float]
+
+
+def heartbeat(conn: Connection, run_id: int) -> str | None:
+    """The job is alive between steps: refresh `last_seen_at` and revive a stalled or crashed run.
+    Returns the status the run had (None: no run)."""
+    status = conn.execute(select(runs.c.status).where(runs.c.id == run_id)).scalar_one_or_none()
+    if status is None:
+        return None
+    values = {"last_seen_at": datetime.now(timezone.utc), **_revive(str(status))}
+    conn.execute(update(runs).where(runs.c.id == run_id).values(**values))
+    return str(status)
+
+
+def liveness(conn: Connection, run_ids: list[int] | None = None) -> list[RunLiveness]:
+    """Liveness state of the given runs, or of every running and stalled run."""
+    query = select(
+        runs.c.id,
+        projects.c.name.label("project_name"),
+        runs.c.name,
+        runs.c.status,
+        runs.c.last_step,
+        runs.c.last_seen_at,
+        runs.c.last_step_at,
+        runs.c.stall_after_s,
+        runs.c.crash_after_s,
+        runs.c.step_intervals,
+    ).join(projects, projects.c.id == runs.c.project_id)
+    query = query.where(runs.c.status.in_(LIVE) if run_ids is None else runs.c.id.in_(run_ids))
+    return [
+        RunLiveness(
+            id=int(r.id),
+            project=str(r.project_name),
+            name=str(r.name),
+            status=str(r.status),
+            last_step=r.last_step,
+            last_seen_at=r.last_seen_at,
+            last_step_at=r.last_step_at,
+            stall_after_s=r.stall_after_s,
+            crash_after_s=r.crash_after_s,
+            step_intervals=[float(x) for x in (r.step_intervals or []) if isinstance(x, (int, float))],
+        )
+        for r in conn.execute(query.order_by(runs.c.id)).all()
+    ]
+
+
+def set_liveness_thresholds(
+    conn: Connection, run_id: int, stall_after_s: float | None, crash_after_s: float | None
+) -> None:
+    conn.execute(
+        update(runs)
+        .where(runs.c.id == run_id)
+        .values(stall_after_s=stall_after_s, crash_after_s=crash_after_s)
+    )
+
+
+def mark_silent(conn: Connection, run_id: int, was: str, now_status: str, seen_at: datetime) -> bool:
+    """Compare-and-set: move the run from `was` to `now_status` only if it is still in `was` and was not
+    seen since `seen_at` (a batch or heartbeat in between wins). True if this call made the change, so
+    of several sweepers (one per API worker) exactly one raises the alert."""
+    values: dict[str, Any] = {"status": now_status}
+    if now_status == RUN_CRASHED:
+        values["finished_at"] = datetime.now(timezone.utc)
+    result = conn.execute(
+        update(runs)
+        .where(runs.c.id == run_id, runs.c.status == was, runs.c.last_seen_at <= seen_at)
+        .values(**values)
+        .returning(runs.c.id)
+    )
+    return result.first() is not None
 
 
 def set_directive_policy(conn: Connection, run_id: int, policy: str) -> None:
@@ -196,8 +312,12 @@ def _to_run(row: Row[Any], tags: list[str]) -> RunInfo:
     )
 
 
-def running_phases(conn: Connection) -> list[tuple[int, str, str]]:
+def running_phases(conn: Connection) -> list[tuple[int, str, str, str, datetime | None]]:
+    """(run id, project, run name, phase, last step time) of every running or stalled run."""
     rows = conn.execute(
-        select(runs.c.id, runs.c.name, runs.c.phase).where(runs.c.status == "running").order_by(runs.c.id)
+        select(runs.c.id, projects.c.name, runs.c.name, runs.c.phase, runs.c.last_step_at)
+        .join(projects, projects.c.id == runs.c.project_id)
+        .where(runs.c.status.in_(LIVE))
+        .order_by(runs.c.id)
     ).all()
-    return [(int(i), str(n), str(p or "warmup")) for i, n, p in rows]
+    return [(int(i), str(pr), str(n), str(p or "warmup"), t) for i, pr, n, p, t in rows]

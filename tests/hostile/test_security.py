@@ -24,29 +24,14 @@ from starlette.routing import Mount
 from contracts.wire import API_PREFIX
 from dashboard.auth import PUBLIC_PREFIXES
 from tests.live_server import LiveServer
-from tests.monitor.api.helpers import action_batch, history, metrics_batch, new_run
+from tests.monitor.api.helpers import WRITE_BODIES as BODIES
+from tests.monitor.api.helpers import bearer, history, metrics_batch, new_run
 
 pytestmark = pytest.mark.timeout(120)
 
 RUNS = f"{API_PREFIX}/runs"
 OPEN_PATHS = {"/healthz", "/readyz", "/metrics"}
 """Probes and the Prometheus scrape stay open (README, Auth)."""
-
-BODIES: dict[tuple[str, str], Any] = {
-    ("POST", "/runs"): {"name": "intruder", "project": "proj-a"},
-    ("POST", "/runs/{run_id}/finish"): {"status": "crashed"},
-    ("PUT", "/runs/{run_id}/policy"): {"policy": "auto"},
-    ("POST", "/runs/{run_id}/metrics"): metrics_batch([99], {"loss": [-1.0]}, batch_id="evil-m"),
-    ("POST", "/runs/{run_id}/actions"): action_batch(2, step=99, batch_id="evil-a"),
-    ("PUT", "/runs/{run_id}/directive"): {"llds": {"enabled": True, "lam": 0.9}, "reason": "evil"},
-    ("PUT", "/runs/{run_id}/detector"): {"overrides": {}},
-    ("POST", "/runs/{run_id}/alerts/{alert_id}/ack"): None,
-}
-"""A valid body per write route, so that a refusal is about the token, never about the body."""
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 def api_operations(app: Any) -> list[tuple[str, str]]:

@@ -41,5 +41,25 @@ def test_escalates_once_if_decay_continues() -> None:
 
 
 def test_manual_directive_wins() -> None:
-    manual_off = DirectiveInfo(version=3, llds_enabled=False, llds_lambda=0.2, source="manual", step=90)
+    manual_off = DirectiveInfo(
+        version=3, llds_enabled=False, llds_lambda=0.2, source="manual", step=90, llds_manual=True
+    )
     assert decide("auto", "collapse", 150, manual_off, RULE) is None
+    # a person's checkpoint or stop request alone does not take LLDS away from the policy
+    request_only = DirectiveInfo(version=3, source="manual", step=90, checkpoint=3)
+    assert decide("auto", "collapse", 150, request_only, RULE) is not None
+
+
+def test_levers_auto_checkpoints_when_decay_starts_and_stop_is_opt_in() -> None:
+    from monitor.services.directive_policy import decide_levers
+
+    change = decide_levers("auto", [("decay", 80)], OFF)
+    assert change is not None and change.checkpoint and not change.stop and "step 80" in change.reason
+    assert decide_levers("alert", [("decay", 80)], OFF) is None  # only auto steers
+    assert decide_levers("auto", [("stagnation", 60)], OFF) is None
+    assert decide_levers("auto", [("collapse", 150)], OFF) is None  # no stop without the opt-in
+    opted_in = DirectiveInfo(version=2, stop_on_collapse=True)
+    both = decide_levers("alert", [("decay", 80), ("collapse", 150)], opted_in)
+    assert both is not None and both.stop and not both.checkpoint and "stop-on-collapse" in both.reason
+    both = decide_levers("auto", [("decay", 80), ("collapse", 150)], opted_in)
+    assert both is not None and both.stop and both.checkpoint

@@ -19,7 +19,14 @@ PUBLIC = {
         "auto_probe_size",
         "map_trl_logs",
     ],
-    "trainer_hooks.client": ["ClientStats", "Directive", "LLDSDirective", "MonitorClient", "RetryPolicy"],
+    "trainer_hooks.client": [
+        "ClientStats",
+        "Directive",
+        "LLDSDirective",
+        "Levers",
+        "MonitorClient",
+        "RetryPolicy",
+    ],
     "trainer_hooks.anchors": ["AnchorBatch", "AnchorSet"],
 }
 

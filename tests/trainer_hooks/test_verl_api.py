@@ -24,6 +24,7 @@ PUBLIC = sorted(
         "ADV_POS_MASS",
         "ADV_POS_MASS_ANSWER",
         "AnswerSpanFinder",
+        "DirectiveLevers",
         "DELTA_METRICS",
         "LEVEL_METRICS",
         "LLDS_METRICS",
@@ -51,6 +52,7 @@ PUBLIC = sorted(
         "set_llds_override",
         "training_worker_class",
         "weight_key",
+        "write_directive",
         "write_llds_directive",
     ]
 )

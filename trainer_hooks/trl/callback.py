@@ -1,5 +1,6 @@
-"""`LLDMonitorCallback`: TRL's logged scalars to an lldmon sink, for any transformers Trainer; and the
-callbacks through which `MonitoredGRPOTrainer`'s drivers see optimizer-step boundaries."""
+"""`LLDMonitorCallback`: TRL's logged scalars to an lldmon sink, for any transformers Trainer, and the
+directive's checkpoint/stop requests to the Trainer's `control`; and the callbacks through which
+`MonitoredGRPOTrainer`'s drivers see optimizer-step boundaries."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any, Protocol
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from contracts.directive import LeverTracker
 from trainer_hooks._guard import Guard
 from trainer_hooks._sink import MetricSink
 from trainer_hooks.trl.names import map_trl_logs
@@ -43,6 +45,12 @@ class LLDMonitorCallback(TrainerCallback):
     degraded mode, no `lld/*` metrics, at TRL's `logging_steps` cadence. `MonitoredGRPOTrainer` adds
     its measurement driver as `feed`: its data goes out with the same sends.
 
+    If the sink has a `directive` (a `MonitorClient`), each optimizer step's end honours its requests,
+    each once: a checkpoint request sets `control.should_save` (the Trainer saves `checkpoint-<step>`
+    right after), a stop request sets `should_save` and `should_training_stop` (save, then end
+    training); the directive's version is acknowledged with that step's metrics. Main process only:
+    in a multi-process job every rank would have to see the same request (not handled here).
+
     Args:
         sink: a `trainer_hooks.client.MonitorClient` or any `MetricSink`.
         flush_timeout: seconds `on_train_end` waits in `sink.flush`; the sink is not closed (the
@@ -57,6 +65,29 @@ class LLDMonitorCallback(TrainerCallback):
         self.flush_timeout = flush_timeout
         self.feed = feed
         self._send_guard = Guard("sending metrics to the lldmon sink", logger)
+        self._lever_guard = Guard("acting on the lldmon directive", logger)
+        self._levers = LeverTracker()
+
+    def apply_directive(self, step: int, control: TrainerControl) -> None:
+        """Set `control` for the sink's directive requests not acted upon yet; acknowledge its version."""
+        if not self._lever_guard.enabled:
+            return
+        with self._lever_guard():
+            directive = getattr(self.sink, "directive", None)
+            if directive is None:
+                return
+            levers = self._levers.take(directive)
+            if levers.checkpoint or levers.stop:
+                control.should_save = True
+            if levers.stop:
+                control.should_training_stop = True
+                logger.warning(
+                    "lldmon: stopping training after step %d as requested: %s", step, levers.stop_reason
+                )
+            elif levers.checkpoint:
+                logger.info("lldmon: saving a checkpoint at step %d as requested", step)
+            if levers.acknowledge is not None:
+                self.sink.log(step, levers.metrics())
 
     def send(
         self, step: int, logs: Mapping[str, object] | None, final: bool, *, per_step: bool = False
@@ -93,6 +124,8 @@ class LLDMonitorCallback(TrainerCallback):
     ) -> None:
         if self.feed is not None:
             self.feed.step_end(state.global_step)
+        if state.is_world_process_zero:
+            self.apply_directive(state.global_step, control)
 
     def on_log(
         self,

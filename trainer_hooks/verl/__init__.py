@@ -15,7 +15,8 @@ a `MonitorClient.from_env()` named after verl's experiment, in verl's project, w
   are created on first access; importing this package never imports verl.
 - `attach` / `attach_new_trackings` / `detach`: verl's `Tracking.log` also feeds a sink, under
   canonical names (`map_verl_metrics`).
-- `set_llds_override`, `directive_file_writer`, ...: switching LLDS while verl runs.
+- `set_llds_override`, `directive_file_writer`, ...: switching LLDS while verl runs;
+  `DirectiveLevers`: the service's checkpoint/stop requests in verl's driver loop.
 
 One module per concept: `loss` (the registered policy loss), `measurement` (its in-loss
 measurement), `llds` (its LLDS term), `extras` (what the actor passes to the loss), `actor` (the
@@ -31,10 +32,12 @@ from trainer_hooks.verl.actor import install, training_worker_class
 from trainer_hooks.verl.batch import AnswerSpanFinder
 from trainer_hooks.verl.config import LOSS_NAME, SETTING_KEYS, LossSettings, policy_loss_config_class
 from trainer_hooks.verl.directive import (
+    DirectiveLevers,
     directive_file_writer,
     get_llds_override,
     llds_from_directive,
     set_llds_override,
+    write_directive,
     write_llds_directive,
 )
 from trainer_hooks.verl.extras import LossExtras, current_loss_extras, loss_extras
@@ -69,6 +72,7 @@ __all__ = [
     "VERL_TO_CANONICAL",
     "XMB_METRICS",
     "AnswerSpanFinder",
+    "DirectiveLevers",
     "LossExtras",
     "LossSettings",
     "MetricSink",
@@ -88,6 +92,7 @@ __all__ = [
     "set_llds_override",
     "training_worker_class",
     "weight_key",
+    "write_directive",
     "write_llds_directive",
 ]
 

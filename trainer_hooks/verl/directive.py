@@ -1,10 +1,26 @@
 """Switching LLDS at run time: the process-local override, the directive file that reaches verl's
 worker processes (written by the driver, read by the loss), and their precedence over the config.
-What reaches the workers and what cannot: docs/hooks-verl.md."""
+What reaches the workers and what cannot: docs/hooks-verl.md.
+
+The directive file also carries the service's checkpoint and stop requests. verl saves and stops in
+its driver loop (`RayPPOTrainer.fit`), which lldmon does not patch; `DirectiveLevers` reads them there,
+each request once, and acknowledges the directive through the metrics verl logs::
+
+    levers = DirectiveLevers("/shared/lldmon/directive.json")    # the path given to directive_file_writer
+    # in RayPPOTrainer.fit (a subclass or a copy), after a step's `metrics` are complete:
+    todo = levers.take()
+    metrics.update(todo.metrics())            # {"directive/applied_version": v} when there is news
+    if todo.checkpoint or todo.stop:
+        self._save_checkpoint()
+    logger.log(data=metrics, step=self.global_steps)
+    if todo.stop:
+        return                                # graceful stop: saved, logged, done
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import tempfile
@@ -12,17 +28,19 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from contracts.directive import DEFAULT_LLDS_LAMBDA, parse_directive
+from contracts.directive import DEFAULT_LLDS_LAMBDA, Levers, LeverTracker, parse_directive
 from trainer_hooks._warn import WarnOnce
 from trainer_hooks.verl.config import LossSettings
 
 __all__ = [
     "DirectiveFile",
+    "DirectiveLevers",
     "LLDSSwitch",
     "directive_file_writer",
     "get_llds_override",
     "llds_from_directive",
     "set_llds_override",
+    "write_directive",
     "write_llds_directive",
 ]
 
@@ -60,12 +78,10 @@ def llds_from_directive(directive: Any) -> tuple[bool, float] | None:
     return None if parsed is None else (parsed.llds.enabled, parsed.llds.lam)
 
 
-def write_llds_directive(path: str | os.PathLike[str], enabled: bool, lam: float) -> None:
-    """Atomically write the LLDS switch that `llds_directive_file` readers pick up."""
+def _write_atomically(path: str | os.PathLike[str], body: str) -> None:
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    body = json.dumps({"llds": {"enabled": bool(enabled), "lam": float(lam)}})
     fd, tmp = tempfile.mkstemp(prefix=".lldmon-directive-", dir=directory)
     try:
         with os.fdopen(fd, "w") as fh:
@@ -78,13 +94,27 @@ def write_llds_directive(path: str | os.PathLike[str], enabled: bool, lam: float
         raise
 
 
+def write_llds_directive(path: str | os.PathLike[str], enabled: bool, lam: float) -> None:
+    """Atomically write the LLDS switch that `llds_directive_file` readers pick up."""
+    _write_atomically(path, json.dumps({"llds": {"enabled": bool(enabled), "lam": float(lam)}}))
+
+
+def write_directive(path: str | os.PathLike[str], directive: Any) -> bool:
+    """Atomically write the whole directive (LLDS switch, checkpoint and stop requests) to `path`;
+    False (nothing written) if `directive` is malformed."""
+    parsed = parse_directive(directive)
+    if parsed is None:
+        return False
+    _write_atomically(path, json.dumps(parsed.to_wire()))
+    return True
+
+
 def directive_file_writer(path: str | os.PathLike[str]) -> Callable[[Any], None]:
-    """An `on_directive` callback for `attach`: writes each new directive's LLDS switch to `path`."""
+    """An `on_directive` callback for `attach`: writes each new directive to `path` (its LLDS switch
+    for `llds_directive_file` readers, its requests for `DirectiveLevers`)."""
 
     def write(directive: Any) -> None:
-        parsed = llds_from_directive(directive)
-        if parsed is not None:
-            write_llds_directive(path, *parsed)
+        write_directive(path, directive)
 
     return write
 
@@ -118,6 +148,31 @@ class DirectiveFile:
             except (OSError, ValueError) as exc:
                 warn(("directive-file", path), "lldmon: ignoring llds_directive_file %s: %s", path, exc)
         return self._value
+
+
+class DirectiveLevers:
+    """The directive file's checkpoint and stop requests, for verl's driver loop (module docstring):
+    `take()` returns each request once (`contracts.directive.LeverTracker`); a missing or malformed
+    file means nothing to do (malformed: warned once)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._tracker = LeverTracker()
+        self._warn = WarnOnce(logging.getLogger("lldmon.verl"))
+
+    def take(self) -> Levers:
+        try:
+            with open(self.path) as fh:
+                data = json.load(fh)
+        except FileNotFoundError:
+            return Levers()
+        except (OSError, ValueError) as exc:
+            self._warn(("levers", self.path), "lldmon: cannot read directive file %s: %s", self.path, exc)
+            return Levers()
+        if parse_directive(data) is None:
+            self._warn(("levers", self.path), "lldmon: ignoring malformed directive file %s", self.path)
+            return Levers()
+        return self._tracker.take(data)
 
 
 class LLDSSwitch:

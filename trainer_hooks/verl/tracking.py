@@ -10,9 +10,9 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+from contracts.directive import Directive, parse_directive
 from trainer_hooks._sink import ScalarSink
 from trainer_hooks._warn import WarnOnce
-from trainer_hooks.verl.directive import llds_from_directive
 from trainer_hooks.verl.names import map_verl_metrics
 
 __all__ = ["attach", "attach_new_trackings", "default_sink_factory", "detach"]
@@ -32,8 +32,8 @@ def attach(
 
     After verl's own loggers ran, `sink.log(int(step), map_verl_metrics(data))` is called. With
     `on_directive`, `on_directive(sink.directive)` is then called whenever the sink's directive
-    (its LLDS switch, `llds_from_directive`) differs from the one last passed (the first time: at
-    the first log). Use `directive_file_writer(path)` to pass it to the verl workers through
+    (`contracts.directive.parse_directive`: its LLDS switch, requests or acknowledged version) differs
+    from the one last passed (the first time: at the first log). Use `directive_file_writer(path)` to pass it to the verl workers through
     `llds_directive_file` (docs/hooks-verl.md says what reaches the workers and what not).
 
     Anything lldmon does here is guarded: an error is logged once (logger `lldmon.verl`) and never
@@ -45,7 +45,7 @@ def attach(
         original = tracking.log
         tracking.__dict__[_ORIGINAL_LOG] = original
     warn = WarnOnce(logger)
-    last_switch: list[tuple[bool, float] | None] = [None]
+    last_switch: list[Directive | None] = [None]
 
     def log(data: Any, step: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(data, step, *args, **kwargs)
@@ -56,7 +56,7 @@ def attach(
         if on_directive is not None:
             try:
                 directive = getattr(sink, "directive", None)
-                switch = llds_from_directive(directive) if directive is not None else None
+                switch = parse_directive(directive) if directive is not None else None
                 if switch is not None and switch != last_switch[0]:
                     on_directive(directive)
                     last_switch[0] = switch

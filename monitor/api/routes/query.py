@@ -100,9 +100,19 @@ def set_directive(
     state: AppState = Depends(get_state),
     principal: Principal = Depends(get_principal),
 ) -> DirectiveOut:
-    """Manual override: switch LLDS on/off and set lambda; recorded as a new version with its reason."""
+    """Manual change, recorded as a new version with its reason: switch LLDS on/off and set lambda,
+    request a checkpoint (`"checkpoint": true`; the trainer saves once per request), request a graceful
+    stop (`"stop": true`; `false` withdraws it) or opt in to a stop on collapse (`"stop_on_collapse"`).
+    What the body leaves out keeps its value; the trainer acknowledges the version in its next batch."""
     directive = state.query.set_directive(
-        principal, run_id, llds_enabled=body.llds.enabled, llds_lambda=body.llds.lam, reason=body.reason
+        principal,
+        run_id,
+        llds_enabled=body.llds.enabled if body.llds is not None else None,
+        llds_lambda=body.llds.lam if body.llds is not None else None,
+        checkpoint=body.checkpoint,
+        stop=body.stop,
+        stop_on_collapse=body.stop_on_collapse,
+        reason=body.reason,
     )
     return DirectiveOut.of(directive)
 

@@ -1,15 +1,19 @@
-"""Runs: register (get-or-create by project and name), get, list, finish, set directive policy."""
+"""Runs: register (get-or-create by project and name), get, list, finish, set directive policy;
+liveness: heartbeat and per-run stall/crash thresholds."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Response
+from pydantic import BaseModel, ConfigDict, Field
 
 from monitor.api.params import MAX_BIGINT, NO_NUL, NoNul, RunId
 from monitor.api.schemas import PolicyIn, RunCreate, RunFinish, RunOut
 from monitor.api.state import AppState, get_principal, get_state
 from monitor.domain import Principal, RunFilter
+from monitor.services.liveness import MAX_THRESHOLD_S, Liveness, LivenessService
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
@@ -72,3 +76,67 @@ def set_policy(
 ) -> RunOut:
     """Directive policy: `off`, `alert` (default: alerts only) or `auto` (detector may switch LLDS on)."""
     return RunOut.of(state.runs.set_policy(principal, run_id, body.policy))
+
+
+Seconds = Annotated[float | None, Field(gt=0, le=MAX_THRESHOLD_S, allow_inf_nan=False)]
+
+
+class LivenessIn(BaseModel):
+    """Seconds of silence (no batch, no heartbeat) before the run is `stalled` / `crashed`; null or
+    absent: the service's default (scaled by the run's median step interval)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stall_after_s: Seconds = None
+    crash_after_s: Seconds = None
+
+
+class LivenessOut(BaseModel):
+    run_id: int
+    status: str
+    last_seen_at: datetime
+    last_step_at: datetime | None
+    silent_s: float
+    stall_after_s: float | None = Field(description="Set on the run (null: default).")
+    crash_after_s: float | None = Field(description="Set on the run (null: default).")
+    effective_stall_after_s: float = Field(description="Threshold in force.")
+    effective_crash_after_s: float = Field(description="Threshold in force.")
+    median_step_s: float | None
+
+    @classmethod
+    def of(cls, live: Liveness) -> LivenessOut:
+        return cls(**live.__dict__)
+
+
+def get_liveness(state: AppState = Depends(get_state)) -> LivenessService:
+    return LivenessService(state.db, state.runs, state.alerts, state.settings)
+
+
+@router.post("/{run_id}/heartbeat", response_model=LivenessOut)
+def heartbeat(
+    run_id: RunId,
+    liveness: LivenessService = Depends(get_liveness),
+    principal: Principal = Depends(get_principal),
+) -> LivenessOut:
+    """The job is alive between steps (no body): a stalled or crashed run is `running` again."""
+    return LivenessOut.of(liveness.heartbeat(principal, run_id))
+
+
+@router.get("/{run_id}/liveness", response_model=LivenessOut)
+def get_run_liveness(
+    run_id: RunId,
+    liveness: LivenessService = Depends(get_liveness),
+    principal: Principal = Depends(get_principal),
+) -> LivenessOut:
+    return LivenessOut.of(liveness.get(principal, run_id))
+
+
+@router.put("/{run_id}/liveness", response_model=LivenessOut)
+def set_run_liveness(
+    run_id: RunId,
+    body: LivenessIn,
+    liveness: LivenessService = Depends(get_liveness),
+    principal: Principal = Depends(get_principal),
+) -> LivenessOut:
+    """Per-run thresholds (`{"stall_after_s": 600, "crash_after_s": 3600}`); null resets to the default."""
+    return LivenessOut.of(liveness.set_thresholds(principal, run_id, body.stall_after_s, body.crash_after_s))

@@ -6,6 +6,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -82,8 +83,20 @@ EXPLANATION = [
     "gradient-norm surge: ratio of recent median to baseline median = 5.17 (threshold 5) over the last 5 steps"
     " (steps 136-140); grad/norm now 4.1 vs baseline 0.793"
 ]
+WHEN = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 NOTE = Notification(
-    "firing", 7, 3, "grpo-3b", "nq", "lld_collapse", "critical", 140, "likelihood drop", EVIDENCE
+    "firing",
+    7,
+    3,
+    "grpo-3b",
+    "nq",
+    "lld_collapse",
+    "critical",
+    140,
+    "likelihood drop",
+    EVIDENCE,
+    phase="collapse",
+    timestamp=WHEN,
 )
 
 
@@ -97,7 +110,8 @@ def counter(telemetry: ServiceMetrics, sink: str, outcome: str) -> float:
 def test_webhook_is_retried_until_delivered(telemetry: ServiceMetrics, http: httpx.Client) -> None:
     receiver = Receiver(failures=2)
     try:
-        dispatcher = Dispatcher([WebhookSink(receiver.url, http)], telemetry, base_delay=0.01)
+        sink = WebhookSink(receiver.url, http)
+        dispatcher = Dispatcher([sink], telemetry, base_delay=0.01, public_url="https://lldmon.example.org/")
         dispatcher.submit([NOTE])
         assert dispatcher.join(10)
         dispatcher.close()
@@ -117,22 +131,27 @@ def test_webhook_is_retried_until_delivered(telemetry: ServiceMetrics, http: htt
             "message": "likelihood drop",
             "evidence": EVIDENCE,  # raw, for machines
             "explanation": EXPLANATION,  # in words, for people
+            "phase": "collapse",
+            "previous_severity": None,
+            "timestamp": "2026-12-01T12:00:00+00:00",
+            "dashboard_url": "https://lldmon.example.org/dashboard/run/3",
         }
     ]
-    assert counter(telemetry, "webhook", "sent") == 1
+    assert counter(telemetry, sink.name, "sent") == 1
 
 
 def test_dead_webhook_gives_up_and_is_counted(telemetry: ServiceMetrics, http: httpx.Client) -> None:
     receiver = Receiver(failures=100)
     try:
-        dispatcher = Dispatcher([WebhookSink(receiver.url, http)], telemetry, max_attempts=3, base_delay=0.01)
+        sink = WebhookSink(receiver.url, http)
+        dispatcher = Dispatcher([sink], telemetry, max_attempts=3, base_delay=0.01)
         dispatcher.submit([NOTE])
         assert dispatcher.join(10)
         dispatcher.close()
     finally:
         receiver.close()
     assert receiver.attempts == 3
-    assert counter(telemetry, "webhook", "failed") == 1
+    assert counter(telemetry, sink.name, "failed") == 1
 
 
 def test_slow_sink_never_blocks_submit(telemetry: ServiceMetrics, http: httpx.Client) -> None:
@@ -146,8 +165,8 @@ def test_slow_sink_never_blocks_submit(telemetry: ServiceMetrics, http: httpx.Cl
         dispatcher.close()
     finally:
         receiver.close()
-    assert receiver.bodies[0] == {"text": f"{NOTE.summary()}\n• {EXPLANATION[0]}"}
-    assert "[CRITICAL] nq/grpo-3b (run 3) step 140: lld_collapse" in NOTE.summary()
+    assert receiver.bodies[0] == {"text": f"{NOTE.summary()}\n• {EXPLANATION[0]}\n2026-12-01T12:00:00+00:00"}
+    assert "[CRITICAL] nq/grpo-3b (run 3) step 140 phase collapse: lld_collapse" in NOTE.summary()
 
 
 def test_explanation_is_derived_from_the_evidence_and_says_degraded_only_when_true(

@@ -47,3 +47,23 @@ def history(
     assert response.status_code == 200, response.text
     series: dict[str, Any] = response.json()["series"]
     return series
+
+
+WRITE_BODIES: dict[tuple[str, str], Any] = {
+    ("POST", "/runs"): {"name": "intruder", "project": "proj-a"},
+    ("POST", "/runs/{run_id}/finish"): {"status": "crashed"},
+    ("PUT", "/runs/{run_id}/policy"): {"policy": "auto"},
+    ("POST", "/runs/{run_id}/metrics"): metrics_batch([99], {"loss": [-1.0]}, batch_id="evil-m"),
+    ("POST", "/runs/{run_id}/actions"): action_batch(2, step=99, batch_id="evil-a"),
+    ("PUT", "/runs/{run_id}/directive"): {"llds": {"enabled": True, "lam": 0.9}, "reason": "evil"},
+    ("PUT", "/runs/{run_id}/detector"): {"overrides": {}},
+    ("POST", "/runs/{run_id}/alerts/{alert_id}/ack"): None,
+    ("POST", "/runs/{run_id}/heartbeat"): None,
+    ("PUT", "/runs/{run_id}/liveness"): {"stall_after_s": 600},
+}
+"""A valid body per write route (path under /api/v1), so that a refusal is about the token or the
+run, never about the body. Security tests enumerate the routes and ask for an entry here."""
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}

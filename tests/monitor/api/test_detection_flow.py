@@ -92,15 +92,19 @@ def test_collapse_under_auto_policy_switches_llds_on(alerting_client, receiver) 
     assert history[0]["reason"].startswith("auto: run entered")
 
     assert app.state.lldmon.dispatcher.join(10)
-    fired = [b for b in receiver.bodies if b["event"] == "firing"]
+    fired = [b for b in receiver.bodies if b["event"] in ("firing", "escalated")]
     assert {"lld_decay", "lld_collapse"} <= {b["kind"] for b in fired}
+    assert ("escalated", "lld_collapse") in {(b["event"], b["kind"]) for b in fired}  # decay got worse
     assert all(b["run_name"] == "grpo-auto" for b in fired)
     assert all(b["explanation"] and b["evidence"] for b in fired)  # words for people, raw for machines
 
     run = client.get(f"{API_PREFIX}/runs/{run_id}").json()
     assert run["phase"] == "collapse"
     metrics = client.get("/metrics").text
-    assert f'lldmon_run_phase{{phase="collapse",run="grpo-auto",run_id="{run_id}"}} 1.0' in metrics
+    assert (
+        f'lldmon_run_phase{{phase="collapse",project="default",run="grpo-auto",run_id="{run_id}"}} 1.0'
+        in metrics
+    )
     assert 'lldmon_alerts_fired_total{kind="lld_collapse",severity="critical"} 1.0' in metrics
 
 

@@ -15,24 +15,10 @@ from fastapi.testclient import TestClient
 from contracts.wire import API_PREFIX
 from monitor.errors import Conflict
 from tests.live_server import LiveServer
-from tests.monitor.api.helpers import action_batch, history, metrics_batch, new_run
+from tests.monitor.api.helpers import WRITE_BODIES as BODIES
+from tests.monitor.api.helpers import bearer, history, metrics_batch, new_run
 
 RUNS = f"{API_PREFIX}/runs"
-
-BODIES: dict[tuple[str, str], Any] = {
-    ("POST", "/runs/{run_id}/finish"): {"status": "crashed"},
-    ("PUT", "/runs/{run_id}/policy"): {"policy": "auto"},
-    ("POST", "/runs/{run_id}/metrics"): metrics_batch([99], {"loss": [-1.0]}, batch_id="evil-m"),
-    ("POST", "/runs/{run_id}/actions"): action_batch(2, step=99, batch_id="evil-a"),
-    ("PUT", "/runs/{run_id}/directive"): {"llds": {"enabled": True, "lam": 0.9}, "reason": "evil"},
-    ("PUT", "/runs/{run_id}/detector"): {"overrides": {}},
-    ("POST", "/runs/{run_id}/alerts/{alert_id}/ack"): None,
-}
-"""A valid body per write route, so that the answer is about the run, never about the body."""
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 def run_routes(app: Any) -> list[tuple[str, str]]:
