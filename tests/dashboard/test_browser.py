@@ -98,7 +98,7 @@ def test_dashboard_shows_a_collapsing_run_live_and_switches_llds(server: LiveSer
         browser.get(f"{server.url}/dashboard/")
         badge = wait_for(
             browser,
-            lambda d: d.find_elements(By.CSS_SELECTOR, f"#run-row-{run_id} .badge"),
+            lambda d: d.find_elements(By.CSS_SELECTOR, f"#run-row-{run_id} .badge[data-phase]"),
             20,
             "the run in the runs list",
         )[0]

@@ -302,8 +302,8 @@ def test_auto_mode_follows_the_directive_from_the_next_optimizer_step(
     sink.reads = 0
     with caplog.at_level(logging.INFO, logger="lldmon.trl"):
         trainer.train()
-    # read once per optimizer step (never per micro-batch)
-    assert sink.reads == trainer.state.global_step == 4
+    # read once per optimizer step for LLDS and once at its end for the levers (never per micro-batch)
+    assert trainer.state.global_step == 4 and sink.reads == 2 * 4
     # the directive logged with step 2 turns LLDS on from step 3; step 3's lambda change from step 4
     assert sink.series(M.LLDS_ACTIVE) == {1: 0.0, 2: 0.0, 3: 1.0, 4: 1.0}
     assert sink.series(M.LLDS_LAMBDA) == {1: 0.0, 2: 0.0, 3: 0.3, 4: 0.1}
