@@ -58,8 +58,8 @@ def run_context(state: AppState, principal: Principal, run_id: int) -> RunContex
         run=run,
         events=state.query.phase_events(principal, run_id),
         alerts=state.alerts.list(principal, run_id),
-        directives=state.query.directive_history(principal, run_id),
-        directive=state.query.directive(principal, run_id),
+        directives=state.directives.history(principal, run_id),
+        directive=state.directives.current(principal, run_id),
     )
 
 

@@ -152,6 +152,41 @@ class DeliveryInfo:
 
 
 @dataclass(frozen=True)
+class ActiveCondition:
+    """What is wrong with a run at a step (a detector finding, a liveness check): the input of
+    `monitor.alerting.rules.plan_alerts`; here because the store writes it too."""
+
+    kind: str
+    severity: str
+    step: int
+    message: str
+    evidence: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class OpenAlert:
+    """An unresolved alert as the alert rules need it."""
+
+    id: int
+    kind: str
+    severity: str
+    status: str  # "open" | "acknowledged"
+    last_notified_at: datetime | None
+
+
+@dataclass(frozen=True)
+class DeliveryUpdate:
+    """One delivery attempt's outcome for an (alert, sink), from the dispatcher to the store."""
+
+    alert_id: int
+    sink: str
+    event: str
+    status: str  # contracts.alerts.DELIVERY_STATUSES
+    attempts: int
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class AlertInfo:
     id: int
     run_id: int

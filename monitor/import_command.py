@@ -62,6 +62,42 @@ def run_import(options: ImportOptions, console: Console, open_state: Callable[[]
     """The whole command; returns the exit code. `open_state` builds the service state (the CLI's own
     settings and database handling); it is called only once the input has parsed."""
     from monitor.errors import LLDMonError
+
+    read = read_input(options, console)
+    if isinstance(read, int):
+        return read
+    log, fmt, files = read
+    from monitor.services.importing import ImportInterrupted
+
+    try:
+        state = open_state()
+    except KeyboardInterrupt:
+        console.print("interrupted while opening the database: nothing was written", highlight=False)
+        return EXIT_INTERRUPTED
+    try:
+        with _quiet_alert_log(not options.notify):
+            return _write(options, log, fmt, len(files), state, console)
+    except LLDMonError as exc:
+        return _fail(console, exc.message, EXIT_REFUSED)
+    except ImportInterrupted as stop:
+        _interrupted(stop, options, console)
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:
+        console.print(
+            f"interrupted: the import into run {escape(options.run)!r} stopped part way; check it with "
+            "`lldmon runs show` and import again with --replace",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return EXIT_INTERRUPTED
+    finally:
+        state.dispatcher.close()
+        state.db.dispose()
+
+
+def read_input(options: ImportOptions, console: Console) -> tuple[Any, str, list[Path]] | int:
+    """Parse the input completely before anything is written: (log, format, files), or the exit code
+    after a one-line error."""
     from monitor.importers import LogImportError, MalformedLog, input_files, load_log, resolve_format
 
     if options.append and options.replace:
@@ -97,33 +133,7 @@ def run_import(options: ImportOptions, console: Console, open_state: Callable[[]
         console.print(f"{len(log.diagnostics)} malformed line(s) skipped (--strict to stop at the first)")
     if log.n_points == 0:
         return _fail(console, "no metric values found in the input: nothing to import", EXIT_USAGE)
-
-    from monitor.services.importing import ImportInterrupted
-
-    try:
-        state = open_state()
-    except KeyboardInterrupt:
-        console.print("interrupted while opening the database: nothing was written", highlight=False)
-        return EXIT_INTERRUPTED
-    try:
-        with _quiet_alert_log(not options.notify):
-            return _write(options, log, fmt, len(files), state, console)
-    except LLDMonError as exc:
-        return _fail(console, exc.message, EXIT_REFUSED)
-    except ImportInterrupted as stop:
-        _interrupted(stop, options, console)
-        return EXIT_INTERRUPTED
-    except KeyboardInterrupt:
-        console.print(
-            f"interrupted: the import into run {escape(options.run)!r} stopped part way; check it with "
-            "`lldmon runs show` and import again with --replace",
-            highlight=False,
-            soft_wrap=True,
-        )
-        return EXIT_INTERRUPTED
-    finally:
-        state.dispatcher.close()
-        state.db.dispose()
+    return log, fmt, [Path(f) for f in files]
 
 
 def _interrupted(stop: Any, options: ImportOptions, console: Console) -> None:
@@ -161,11 +171,11 @@ def _write(options: ImportOptions, log: Any, fmt: str, n_files: int, state: Any,
             chunk_steps=options.chunk_steps or DEFAULT_CHUNK_STEPS,
             on_steps=lambda n: progress.advance(task, n),
         )
-    _summary(result, fmt, n_files, console)
+    summary(result, fmt, n_files, console)
     return 0
 
 
-def _summary(result: Any, fmt: str, n_files: int, console: Console) -> None:
+def summary(result: Any, fmt: str, n_files: int, console: Console) -> None:
     run = result.run
     canonical = [m for m in result.metrics if m in M.CANONICAL_METRICS]
     console.print(

@@ -58,3 +58,41 @@ def test_importing_trainer_hooks_does_not_load_the_server_stack() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+LAYERS = {
+    # The store writes plain domain objects; the alert rules, the services and HTTP sit above it.
+    "monitor/store": ("monitor.alerting", "monitor.services", "monitor.api", "monitor.bootstrap"),
+    # HTTP adapts requests onto the services built by monitor.bootstrap: never SQL of its own.
+    "monitor/api": ("monitor.store", "monitor.db", "sqlalchemy"),
+    # Sources of alert conditions hand them to the alerting service (plan -> store -> notify), and the
+    # detector leaves the closed-loop directive rules to the directives service.
+    "monitor/services/detection.py": (
+        "monitor.alerting",
+        "monitor.store.alerts",
+        "monitor.services.directive_policy",
+    ),
+    "monitor/services/liveness.py": ("monitor.alerting", "monitor.store.alerts"),
+}
+
+
+def imported_modules(path: Path) -> set[str]:
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            modules |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return modules
+
+
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_layers_import_only_downwards(layer: str) -> None:
+    forbidden = LAYERS[layer]
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(
+            m for m in imported_modules(path) if any(m == f or m.startswith(f + ".") for f in forbidden)
+        )
+        for path in ([ROOT / layer] if layer.endswith(".py") else (ROOT / layer).rglob("*.py"))
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}

@@ -73,8 +73,8 @@ def seeded(db_url: str, tmp_path: Path) -> dict[str, Any]:
             conn, run.id, ActiveCondition(LLD_DECAY, "warning", 4, "logp_pos sliding", {}), now
         )
     state.alerts.acknowledge(Principal(), run.id, alert_id)
-    state.query.set_directive(Principal(), run.id, llds_enabled=True, llds_lambda=0.2, reason="decay at 4")
-    state.query.set_directive(Principal(), run.id, llds_enabled=False, llds_lambda=0.3, reason="recovered")
+    state.directives.set_manual(Principal(), run.id, llds_enabled=True, llds_lambda=0.2, reason="decay at 4")
+    state.directives.set_manual(Principal(), run.id, llds_enabled=False, llds_lambda=0.3, reason="recovered")
     state.db.dispose()
     return {"url": db_url, "run_id": run.id, "other_id": other.id, "alert_id": alert_id}
 

@@ -98,7 +98,7 @@ def test_demo_lands_real_training_and_detector_decisions(quick_demo: tuple[Path,
         assert "decay" in phases and "collapse" in phases
         kinds = {a.kind for a in state.alerts.list(who, replay.id, None)}
         assert kinds, "no alert on the replayed collapse"
-        directive = state.query.directive(who, replay.id)
+        directive = state.directives.current(who, replay.id)
         assert directive.llds_enabled and directive.source == "detector"
         assert replay.directive_policy == "auto"
     finally:

@@ -1,7 +1,7 @@
 """Directive controls: LLDS on/off with lambda, the run's directive policy (off/alert/auto), and the
 levers: save a checkpoint now, stop training (always confirmed: it ends the run), stop on collapse.
 
-Writes go through `state.query.set_directive` / `state.runs.set_policy` with the caller's Principal, so
+Writes go through `state.directives.set_manual` / `state.runs.set_policy` with the caller's Principal, so
 the API's project scoping applies; the controls are only rendered for callers allowed to steer. The
 values are checked by the API's own request bodies (`DirectiveIn`, `PolicyIn`) first, so the dashboard
 can store nothing PUT /directive or PUT /policy would refuse. On a run that is not running (no trainer
@@ -46,7 +46,7 @@ def set_llds(
     reason = f"dashboard: LLDS switched {'on' if enabled else 'off'} by hand"
     try:
         body = directive_body(enabled, lam, reason)
-        directive = ctx.state.query.set_directive(
+        directive = ctx.state.directives.set_manual(
             principal,
             inputs.run_id(run_id),
             llds_enabled=body.llds.enabled,
@@ -65,7 +65,7 @@ def set_lever(ctx: DashContext, principal: Principal, run_id: int, action: str) 
     """A lever button: request a checkpoint or a stop, or flip stop-on-collapse; returns (message, ok)."""
     try:
         if action == "stop-on-collapse":
-            on = not ctx.state.query.directive(principal, run_id).stop_on_collapse
+            on = not ctx.state.directives.current(principal, run_id).stop_on_collapse
             body = DirectiveIn.model_validate(
                 {"stop_on_collapse": on, "reason": f"dashboard: stop on collapse {'on' if on else 'off'}"}
             )
@@ -75,7 +75,7 @@ def set_lever(ctx: DashContext, principal: Principal, run_id: int, action: str) 
             body = DirectiveIn.model_validate(
                 {"checkpoint": True, "reason": "dashboard: checkpoint requested by hand"}
             )
-        d = ctx.state.query.set_directive(
+        d = ctx.state.directives.set_manual(
             principal,
             run_id,
             checkpoint=body.checkpoint,

@@ -82,7 +82,7 @@ def _run_page(ctx: DashContext, principal: Principal, parts: list[str]) -> Compo
             if len(named) != 1:
                 return _not_one_run(ctx, "/".join(unquote(p) for p in parts), named)
             run = named[0]
-        directive = ctx.state.query.directive(principal, run.id)
+        directive = ctx.state.directives.current(principal, run.id)
     except LLDMonError as exc:
         return error_page(f"{exc.status_code}", exc.message, ctx.path_for)
     return run_page.layout(

@@ -15,35 +15,18 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Final
 
 from contracts.alerts import ESCALATED, FIRING, SEVERITY_RANK
 from monitor.detector import findings as F
+from monitor.domain import ActiveCondition, OpenAlert
+
+__all__ = ["ESCALATIONS", "ActiveCondition", "AlertPlan", "OpenAlert", "Refresh", "plan_alerts"]
 
 ESCALATIONS: Final[Mapping[str, Collection[str]]] = {
     F.LLD_DECAY: (F.LLD_COLLAPSE, F.TRAINING_COLLAPSE),
 }
 """Warning kind -> the critical kinds it turns into when the run gets worse (phase II -> phase III)."""
-
-
-@dataclass(frozen=True)
-class ActiveCondition:
-    """What the detector says is wrong at a step (mirrors `monitor.detector.Finding`)."""
-
-    kind: str
-    severity: str
-    step: int
-    message: str
-    evidence: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class OpenAlert:
-    id: int
-    kind: str
-    severity: str
-    status: str  # "open" | "acknowledged"
-    last_notified_at: datetime | None
 
 
 @dataclass(frozen=True)

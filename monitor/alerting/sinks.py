@@ -40,6 +40,7 @@ from contracts.alerts import (
     SIGNATURE_HEADER,
 )
 from monitor.detector.explain import explain_finding
+from monitor.domain import DeliveryUpdate
 from monitor.telemetry import ServiceMetrics
 
 if TYPE_CHECKING:
@@ -173,16 +174,6 @@ class SlackSink:
 
     def send(self, notification: Notification) -> None:
         self.client.post(self.url, json={"text": notification.text()}).raise_for_status()
-
-
-@dataclass(frozen=True)
-class DeliveryUpdate:
-    alert_id: int
-    sink: str
-    event: str
-    status: str  # contracts.alerts.DELIVERY_STATUSES
-    attempts: int
-    error: str | None = None
 
 
 DeliveryRecorder = Callable[[Sequence[DeliveryUpdate]], None]

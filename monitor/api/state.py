@@ -1,47 +1,23 @@
-"""Everything a request needs, built once by `create_app` and stored on `app.state.lldmon`."""
+"""Request dependencies: the `Services` that `create_app` built (on `app.state.lldmon`) and the caller."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from fastapi import Depends, Header, Request
-from prometheus_client import CollectorRegistry
 
-from monitor.alerting.sinks import Dispatcher
-from monitor.config import Settings
+from monitor.bootstrap import Services
 from monitor.domain import Principal
-from monitor.services.alerts import AlertService
-from monitor.services.auth import AuthService
-from monitor.services.detection import DetectionService
-from monitor.services.ingest import IngestService
-from monitor.services.query import QueryService
-from monitor.services.runs import RunService
-from monitor.store import Database
-from monitor.telemetry import ServiceMetrics
+
+AppState = Services
+"""The name routes, the dashboard and tests have used; the type is `monitor.bootstrap.Services`."""
 
 
-@dataclass(frozen=True)
-class AppState:
-    settings: Settings
-    db: Database
-    registry: CollectorRegistry
-    telemetry: ServiceMetrics
-    auth: AuthService
-    runs: RunService
-    ingest: IngestService
-    query: QueryService
-    detection: DetectionService
-    alerts: AlertService
-    dispatcher: Dispatcher
-
-
-def get_state(request: Request) -> AppState:
-    state: AppState = request.app.state.lldmon
+def get_state(request: Request) -> Services:
+    state: Services = request.app.state.lldmon
     return state
 
 
 def get_principal(
-    state: AppState = Depends(get_state),
+    state: Services = Depends(get_state),
     authorization: str | None = Header(default=None, description="Bearer <token> when auth is on."),
 ) -> Principal:
     return state.auth.authenticate(authorization)

@@ -1,6 +1,8 @@
-"""Alerts as users see them (list, acknowledge) and the one place alerts are opened, escalated and
-resolved: `apply_conditions`, used by the detector inside its transaction and by `raise_alert` /
-`clear_alert` for alerts from other sources (a liveness check's `run_stalled`)."""
+"""The alerting service: alerts as users see them (list, acknowledge) and the one owner of plan -> store
+-> notify. Sources of conditions (the detector inside its transaction, liveness checks) hand them to
+`judge` / `raise_alert` / `clear_alert`; this service plans with the pure rules
+(`monitor.alerting.rules`), writes the alert rows and hands what is due to the dispatcher, so no
+source calls the alert store or the sinks itself."""
 
 from __future__ import annotations
 
@@ -11,9 +13,9 @@ from datetime import datetime, timedelta, timezone
 from sqlalchemy import Connection
 
 from contracts.alerts import ESCALATED, FIRING, RESOLVED
-from monitor.alerting.rules import ActiveCondition, plan_alerts
-from monitor.alerting.sinks import DeliveryUpdate, Dispatcher, Notification
-from monitor.domain import AlertInfo, Principal, RunInfo
+from monitor.alerting.rules import plan_alerts
+from monitor.alerting.sinks import Dispatcher, Notification
+from monitor.domain import ActiveCondition, AlertInfo, DeliveryUpdate, Principal, RunInfo
 from monitor.errors import NotFound
 from monitor.services.runs import RunService
 from monitor.store import Database
@@ -33,51 +35,6 @@ class AlertRun:
     name: str
     project: str
     phase: str | None = None
-
-
-def apply_conditions(
-    conn: Connection,
-    run: AlertRun,
-    active: Sequence[ActiveCondition],
-    *,
-    now: datetime,
-    renotify_after: timedelta,
-    kinds: Collection[str] | None = None,
-    last_step: int | None = None,
-    telemetry: ServiceMetrics | None = None,
-) -> list[Notification]:
-    """Open, refresh, escalate and resolve the run's alerts of `kinds` (None: all) so they match the
-    `active` conditions, in the caller's transaction; returns what to notify once it has committed.
-    `last_step`: the step judged last (alerts resolve there; default: the latest active step)."""
-    plan = plan_alerts(
-        alert_store.open_alerts(conn, run.run_id), active, now=now, renotify_after=renotify_after, kinds=kinds
-    )
-    step = last_step if last_step is not None else max((c.step for c in active), default=0)
-    notes: list[Notification] = []
-    for alert, _successor in plan.superseded:  # closed without a "resolved": the run got worse
-        alert_store.resolve(conn, alert.id, step, now)
-    for condition in plan.create:
-        alert_id = alert_store.create(conn, run.run_id, condition, now)
-        if telemetry is not None:
-            telemetry.record_alert(condition.severity, condition.kind)
-        warning = plan.escalates(condition.kind)
-        if warning is None:
-            notes.append(_notification(FIRING, alert_id, run, condition))
-        else:
-            notes.append(_notification(ESCALATED, alert_id, run, condition, warning.severity))
-    for refresh in plan.refresh:
-        alert_store.refresh(conn, refresh.alert_id, refresh.condition, now, refresh.notify)
-        if refresh.notify:
-            notes.append(
-                _notification(
-                    refresh.event, refresh.alert_id, run, refresh.condition, refresh.previous_severity
-                )
-            )
-    for alert in plan.resolve:
-        alert_store.resolve(conn, alert.id, step, now)
-        cleared = ActiveCondition(alert.kind, alert.severity, step, "condition cleared", {})
-        notes.append(_notification(RESOLVED, alert.id, run, cleared))
-    return notes
 
 
 def _notification(
@@ -162,18 +119,72 @@ class AlertService:
         """Resolve the run's open alert of `kind` at `step` (notified as resolved); none open: nothing."""
         return self._apply(run, [], kind, step)
 
+    def runs_with_open(self, run_ids: Collection[int], kind: str) -> set[int]:
+        """Those of `run_ids` with an unresolved alert of `kind` (one read transaction)."""
+        with self.db.read() as conn:
+            return {
+                run_id
+                for run_id in run_ids
+                if any(a.kind == kind for a in alert_store.open_alerts(conn, run_id))
+            }
+
+    def judge(
+        self,
+        conn: Connection,
+        run: AlertRun,
+        active: Sequence[ActiveCondition],
+        *,
+        kinds: Collection[str] | None = None,
+        last_step: int | None = None,
+        now: datetime | None = None,
+    ) -> Notifications:
+        """Open, refresh, escalate and resolve the run's alerts of `kinds` (None: all) so they match the
+        `active` conditions, in the caller's transaction; returns what to `notify` once it has committed.
+        `last_step`: the step judged last (alerts resolve there; default: the latest active step)."""
+        now = now or datetime.now(timezone.utc)
+        plan = plan_alerts(
+            alert_store.open_alerts(conn, run.run_id),
+            active,
+            now=now,
+            renotify_after=self.renotify_after,
+            kinds=kinds,
+        )
+        step = last_step if last_step is not None else max((c.step for c in active), default=0)
+        notes: Notifications = []
+        for alert, _successor in plan.superseded:  # closed without a "resolved": the run got worse
+            alert_store.resolve(conn, alert.id, step, now)
+        for condition in plan.create:
+            alert_id = alert_store.create(conn, run.run_id, condition, now)
+            if self.telemetry is not None:
+                self.telemetry.record_alert(condition.severity, condition.kind)
+            warning = plan.escalates(condition.kind)
+            if warning is None:
+                notes.append(_notification(FIRING, alert_id, run, condition))
+            else:
+                notes.append(_notification(ESCALATED, alert_id, run, condition, warning.severity))
+        for refresh in plan.refresh:
+            alert_store.refresh(conn, refresh.alert_id, refresh.condition, now, refresh.notify)
+            if refresh.notify:
+                notes.append(
+                    _notification(
+                        refresh.event, refresh.alert_id, run, refresh.condition, refresh.previous_severity
+                    )
+                )
+        for alert in plan.resolve:
+            alert_store.resolve(conn, alert.id, step, now)
+            cleared = ActiveCondition(alert.kind, alert.severity, step, "condition cleared", {})
+            notes.append(_notification(RESOLVED, alert.id, run, cleared))
+        return notes
+
+    def notify(self, notes: Notifications) -> None:
+        """Hand committed notifications to the sinks (never blocks: each sink has its own worker)."""
+        if self.dispatcher is not None and notes:
+            self.dispatcher.submit(notes)
+
     def _apply(self, run: RunInfo, active: Sequence[ActiveCondition], kind: str, step: int) -> Notifications:
         with self.db.write() as conn:
-            notes = apply_conditions(
-                conn,
-                AlertRun(run.id, run.name, run.project, run.phase),
-                active,
-                now=datetime.now(timezone.utc),
-                renotify_after=self.renotify_after,
-                kinds={kind},
-                last_step=step,
-                telemetry=self.telemetry,
+            notes = self.judge(
+                conn, AlertRun(run.id, run.name, run.project, run.phase), active, kinds={kind}, last_step=step
             )
-        if self.dispatcher is not None:
-            self.dispatcher.submit(notes)
+        self.notify(notes)
         return notes

@@ -1,4 +1,6 @@
 """Online detection after every ingested metrics batch: phases, alerts and the closed-loop directive.
+The detector judges; what its findings and phase changes mean for alerts and for the directive is
+decided by `AlertService.judge` and `DirectiveService.apply_auto`, in the same transaction.
 
 Runs right after the batch's commit and before the acknowledgement, so the directive returned to the
 trainer already reflects the new steps. The new steps are judged in chunks of at most `chunk_points`,
@@ -14,21 +16,16 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from datetime import datetime, timedelta, timezone
 from typing import Any, Final
 
-from contracts.directive import SOURCE_DETECTOR
 from contracts.metrics import CANONICAL_METRICS
 from contracts.wire import encode_json
-from monitor.alerting.rules import ActiveCondition
-from monitor.alerting.sinks import Dispatcher, Notification
-from monitor.config import Settings
 from monitor.detector import DetectorConfig, DetectorState, SeriesWindow, update
 from monitor.detector.findings import ALL_KINDS as DETECTOR_ALERT_KINDS
-from monitor.domain import DirectiveInfo, Principal
+from monitor.domain import ActiveCondition, DirectiveInfo, Principal
 from monitor.errors import InvalidInput, NotFound
-from monitor.services.alerts import AlertRun, apply_conditions
-from monitor.services.directive_policy import DirectiveRule, decide, decide_levers
+from monitor.services.alerts import AlertRun, AlertService, Notifications
+from monitor.services.directives import DirectiveService
 from monitor.services.runs import RunService
 from monitor.store import Database
 from monitor.store import detection as detection_store
@@ -51,21 +48,15 @@ class DetectionService:
         self,
         db: Database,
         runs: RunService,
-        settings: Settings,
         telemetry: ServiceMetrics,
-        dispatcher: Dispatcher,
+        alerts: AlertService,
+        directives: DirectiveService,
     ) -> None:
         self.db = db
         self.runs = runs
         self.telemetry = telemetry
-        self.dispatcher = dispatcher
-        self.renotify_after = timedelta(seconds=settings.renotify_seconds)
-        self.rule = DirectiveRule(
-            trigger_phase=settings.llds_trigger_phase,
-            lam=settings.llds_lambda,
-            lam_max=settings.llds_lambda_max,
-            escalate_after=settings.llds_escalate_after_steps,
-        )
+        self.alerts = alerts
+        self.directives = directives
         self.chunk_points = CHUNK_POINTS
         self.max_points = MAX_POINTS
 
@@ -79,7 +70,7 @@ class DetectionService:
         while True:
             n = max(1, min(self.chunk_points, budget))
             directive, more, notifications = self._process_chunk(run_id, n)
-            self.dispatcher.submit(notifications)
+            self.alerts.notify(notifications)
             budget -= n
             if not more:
                 break
@@ -89,10 +80,10 @@ class DetectionService:
         self.telemetry.detector_seconds.observe(time.perf_counter() - start)
         return directive
 
-    def _process_chunk(self, run_id: int, n: int) -> tuple[DirectiveInfo, bool, list[Notification]]:
+    def _process_chunk(self, run_id: int, n: int) -> tuple[DirectiveInfo, bool, Notifications]:
         """Judge the next `n` new steps in one transaction: (directive, whether steps remain, what to
         notify once committed)."""
-        notifications: list[Notification] = []
+        notifications: Notifications = []
         with self.db.write() as conn:
             target = detection_store.lock_run(conn, run_id)
             if target is None:
@@ -108,7 +99,7 @@ class DetectionService:
                 conn, run_id, DETECTOR_INPUTS, step_min, step_max
             )
             if len(steps) == 0 or (last_judged is not None and steps[-1] <= last_judged):
-                return event_store.current_directive(conn, run_id), False, notifications
+                return self.directives.in_force(conn, run_id), False, notifications
             result = update(SeriesWindow(steps=steps, values=values, present=present), state, config)
             detection_store.save_state(conn, run_id, encode_json(result.state.to_dict()), result.state.phase)
             for phase_change in result.phase_changes:
@@ -121,7 +112,6 @@ class DetectionService:
                     encode_json(phase_change.evidence),
                 )
             last_step = int(steps[-1])
-            now = datetime.now(timezone.utc)
             # Episodes that started and already ended inside this chunk (a lone NaN grad norm, say)
             # still open an alert; it resolves with the next chunk.
             ongoing = {f.kind for f in result.findings}
@@ -130,34 +120,17 @@ class DetectionService:
                 ActiveCondition(f.kind, f.severity, f.step, f.message, encode_json(f.evidence))
                 for f in (*result.findings, *transient)
             ]
-            notifications = apply_conditions(
+            notifications = self.alerts.judge(
                 conn,
                 AlertRun(target.run_id, target.name, target.project, result.state.phase),
                 active,
-                now=now,
-                renotify_after=self.renotify_after,
                 kinds=DETECTOR_ALERT_KINDS,
                 last_step=last_step,
-                telemetry=self.telemetry,
             )
-            directive = event_store.current_directive(conn, run_id)
-            change = decide(target.policy, result.state.phase, last_step, directive, self.rule)
             entered = [(c.phase, c.step) for c in result.phase_changes]
-            levers = decide_levers(target.policy, entered, directive)
-            if change is not None or levers is not None:
-                event_store.append_directive(
-                    conn,
-                    run_id,
-                    llds_enabled=change.llds_enabled if change is not None else None,
-                    llds_lambda=change.llds_lambda if change is not None else None,
-                    checkpoint=levers is not None and levers.checkpoint,
-                    stop=True if levers is not None and levers.stop else None,
-                    stop_reason=levers.reason if levers is not None and levers.stop else "",
-                    reason="; ".join(c.reason for c in (change, levers) if c is not None),
-                    source=SOURCE_DETECTOR,
-                    step=last_step,
-                )
-                directive = event_store.current_directive(conn, run_id)
+            directive = self.directives.apply_auto(
+                conn, run_id, target.policy, result.state.phase, last_step, entered
+            )
         return directive, step_max is not None, notifications
 
     def set_overrides(self, principal: Principal, run_id: int, overrides: dict[str, Any]) -> dict[str, Any]:

@@ -28,14 +28,12 @@ from typing import Final
 from sqlalchemy import Connection
 
 from contracts.wire import ALERT_RUN_STALLED, RUN_CRASHED, RUN_STALLED
-from monitor.alerting.rules import ActiveCondition, OpenAlert
 from monitor.config import Settings
-from monitor.domain import Principal
+from monitor.domain import ActiveCondition, Principal
 from monitor.errors import InvalidInput, NotFound
 from monitor.services.alerts import AlertService
 from monitor.services.runs import RunService
 from monitor.store import Database
-from monitor.store import alerts as alert_store
 from monitor.store import runs as run_store
 from monitor.store.runs import RunLiveness
 
@@ -129,7 +127,7 @@ class LivenessService:
         changes: list[tuple[int, str]] = []
         with self.db.read() as conn:
             live = run_store.liveness(conn)
-            alerted = {r.id for r in live if _open_stalled(conn, r.id)}
+        alerted = self.alerts.runs_with_open([r.id for r in live], ALERT_RUN_STALLED)
         for run in live:
             stall, crash = thresholds(run, self.settings)
             silent = (now - run.last_seen_at).total_seconds()
@@ -191,10 +189,6 @@ def _condition(run: RunLiveness, status: str, silent: float, stall: float, crash
             "last_seen_at": run.last_seen_at.isoformat(),
         },
     )
-
-
-def _open_stalled(conn: Connection, run_id: int) -> list[OpenAlert]:
-    return [a for a in alert_store.open_alerts(conn, run_id) if a.kind == ALERT_RUN_STALLED]
 
 
 class Sweeper:

@@ -1,4 +1,5 @@
-"""Read side: metric history (downsampled, JSON or CSV), action records, directives, alerts, events."""
+"""Read side: metric history (downsampled, JSON or CSV), action records, run summaries, events (directive
+changes live in `DirectiveService`)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from contracts.directive import SOURCE_MANUAL
 from contracts.wire import NAN, NEG_INF, POS_INF
-from monitor.domain import DirectiveInfo, MetricSummary, PhaseEventInfo, Principal, RunSummary, Series
+from monitor.domain import MetricSummary, PhaseEventInfo, Principal, RunSummary, Series
 from monitor.errors import InvalidInput
 from monitor.services.downsample import minmax_indices
 from monitor.services.runs import RunService
@@ -53,26 +53,8 @@ class QueryService:
         return series
 
     def history_csv(self, series: list[Series], nonfinite: Literal["wire", "python"] = "wire") -> str:
-        """Wide CSV: one row per step, one column per metric; empty cell = not logged.
-
-        Non-finite values are written as the wire strings (`NaN`, `Infinity`, `-Infinity`, what the
-        API's JSON uses) or, with nonfinite="python", as `nan`, `inf`, `-inf` (what `lldmon export`
-        writes: float(), numpy and pandas read them back as floats). Built with numpy over the whole
-        table (a 10,000-step run with 30 metrics is 300,000 cells).
-        """
-        header = ",".join(["step", *(_csv_quote(s.name) for s in series)])
-        if not series:
-            return header + "\n"
-        table = wide_table(series)
-        values = table.values
-        text = values.astype(str).astype(object)  # numpy writes nan, inf, -inf
-        if nonfinite == "wire":
-            text[np.isnan(values)] = NAN
-            text[values == np.inf] = POS_INF
-            text[values == -np.inf] = NEG_INF
-        text[~table.logged] = ""
-        cells = np.column_stack([table.steps.astype(str).astype(object), text])
-        return header + "\n" + "\n".join(",".join(row) for row in cells.tolist()) + "\n"
+        """`history_csv` (module level: rendering needs no database)."""
+        return history_csv(series, nonfinite)
 
     def summary(self, principal: Principal, run_id: int) -> RunSummary:
         """A run at a glance: extent, last values, phases, alerts, directives (one read transaction)."""
@@ -106,62 +88,7 @@ class QueryService:
                 conn, run_id, step_min, step_max, source, min(limit, MAX_ACTION_ROWS)
             )
 
-    def directive(self, principal: Principal, run_id: int) -> DirectiveInfo:
-        self.runs.get(principal, run_id)
-        with self.db.read() as conn:
-            return event_store.current_directive(conn, run_id)
-
-    def set_directive(
-        self,
-        principal: Principal,
-        run_id: int,
-        *,
-        llds_enabled: bool | None = None,
-        llds_lambda: float | None = None,
-        checkpoint: bool = False,
-        stop: bool | None = None,
-        stop_on_collapse: bool | None = None,
-        reason: str = "",
-    ) -> DirectiveInfo:
-        """Manual change by a user, recorded as a new directive version with its reason: switch LLDS,
-        request a checkpoint (`checkpoint=True`), request or withdraw a stop, opt in or out of
-        stop-on-collapse. What is left None keeps its value."""
-        if llds_lambda is not None and not (llds_lambda >= 0 and np.isfinite(llds_lambda)):
-            raise InvalidInput("lambda must be a finite number >= 0", field="lam")
-        sets_llds = llds_enabled is not None or llds_lambda is not None
-        if not (sets_llds or checkpoint or stop is not None or stop_on_collapse is not None):
-            raise InvalidInput("nothing to change: give llds, checkpoint, stop or stop_on_collapse")
-        run = self.runs.get(principal, run_id)
-        reason = reason or "manual " + ", ".join(
-            what
-            for what, given in (
-                ("override", sets_llds),
-                ("checkpoint request", checkpoint),
-                ("stop request" if stop else "stop withdrawn", stop is not None),
-                (f"stop-on-collapse {'on' if stop_on_collapse else 'off'}", stop_on_collapse is not None),
-            )
-            if given
-        )
-        with self.db.write() as conn:
-            event_store.append_directive(
-                conn,
-                run_id,
-                llds_enabled=llds_enabled,
-                llds_lambda=llds_lambda,
-                checkpoint=checkpoint,
-                stop=stop,
-                stop_reason=reason if stop else "",
-                stop_on_collapse=stop_on_collapse,
-                reason=reason,
-                source=SOURCE_MANUAL,
-                step=run.last_step,
-            )
-            return event_store.current_directive(conn, run_id)
-
-    def directive_history(self, principal: Principal, run_id: int) -> list[DirectiveInfo]:
-        self.runs.get(principal, run_id)
-        with self.db.read() as conn:
-            return event_store.directive_history(conn, run_id)
+    # The directive methods predate `DirectiveService` and delegate to it (the CLI and dashboard call them).
 
     def phase_events(self, principal: Principal, run_id: int) -> list[PhaseEventInfo]:
         self.runs.get(principal, run_id)
@@ -211,3 +138,26 @@ def _csv_quote(name: str) -> str:
     out = io.StringIO()
     csv.writer(out, lineterminator="").writerow([name])
     return out.getvalue()
+
+
+def history_csv(series: list[Series], nonfinite: Literal["wire", "python"] = "wire") -> str:
+    """Wide CSV: one row per step, one column per metric; empty cell = not logged.
+
+    Non-finite values are written as the wire strings (`NaN`, `Infinity`, `-Infinity`, what the
+    API's JSON uses) or, with nonfinite="python", as `nan`, `inf`, `-inf` (what `lldmon export`
+    writes: float(), numpy and pandas read them back as floats). Built with numpy over the whole
+    table (a 10,000-step run with 30 metrics is 300,000 cells).
+    """
+    header = ",".join(["step", *(_csv_quote(s.name) for s in series)])
+    if not series:
+        return header + "\n"
+    table = wide_table(series)
+    values = table.values
+    text = values.astype(str).astype(object)  # numpy writes nan, inf, -inf
+    if nonfinite == "wire":
+        text[np.isnan(values)] = NAN
+        text[values == np.inf] = POS_INF
+        text[values == -np.inf] = NEG_INF
+    text[~table.logged] = ""
+    cells = np.column_stack([table.steps.astype(str).astype(object), text])
+    return header + "\n" + "\n".join(",".join(row) for row in cells.tolist()) + "\n"

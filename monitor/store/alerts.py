@@ -9,10 +9,8 @@ from typing import Any
 from sqlalchemy import Connection, Row, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from monitor.alerting.rules import ActiveCondition, OpenAlert
-from monitor.alerting.sinks import DeliveryUpdate
 from monitor.db.models import Alert, AlertDelivery
-from monitor.domain import AlertInfo, DeliveryInfo
+from monitor.domain import ActiveCondition, AlertInfo, DeliveryInfo, DeliveryUpdate, OpenAlert
 from monitor.store._sql import table_of
 
 alerts = table_of(Alert)

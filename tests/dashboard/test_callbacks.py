@@ -192,7 +192,7 @@ def test_directive_controls_write_through_the_services(
 ) -> None:
     message, ok = set_llds(dctx, OPEN, collapsed, True, 0.3)
     assert ok and "LLDS on" in message
-    directive = state.query.directive(OPEN, collapsed)
+    directive = state.directives.current(OPEN, collapsed)
     assert (
         directive.llds_enabled
         and directive.llds_lambda == pytest.approx(0.3)
@@ -203,7 +203,7 @@ def test_directive_controls_write_through_the_services(
         False,
     )
     assert set_llds(dctx, OPEN, collapsed, False, None)[1]
-    assert not state.query.directive(OPEN, collapsed).llds_enabled
+    assert not state.directives.current(OPEN, collapsed).llds_enabled
     assert set_policy(dctx, OPEN, collapsed, "auto") == ("policy set to auto", True)
     assert state.runs.get(OPEN, collapsed).directive_policy == "auto"
     message, ok = set_policy(dctx, OPEN, collapsed, "sometimes")

@@ -27,12 +27,12 @@ def test_lever_buttons_and_what_the_page_shows(
     assert done.ok and done.confirm is None and "checkpoint requested, directive v1" in done.message
     asked = apply_action(dctx, OPEN, run_id, "stop-now", None, None)  # a running run: still asked
     assert asked.confirm is not None and "levers" in asked.confirm and not asked.ok
-    assert state.query.directive(OPEN, run_id).stop == 0  # nothing written before the answer
+    assert state.directives.current(OPEN, run_id).stop == 0  # nothing written before the answer
     assert apply_action(dctx, OPEN, run_id, "stop-now", None, None, confirmed=True).ok
     toggled = apply_action(dctx, OPEN, run_id, "stop-on-collapse", None, None)
     assert toggled.ok and "stop on collapse on" in toggled.message
     assert "stop on collapse off" in apply_action(dctx, OPEN, run_id, "stop-on-collapse", None, None).message
-    d = state.query.directive(OPEN, run_id)
+    d = state.directives.current(OPEN, run_id)
     assert (d.version, d.checkpoint, d.stop, d.stop_on_collapse, d.llds_manual) == (4, 1, 2, False, False)
     assert "pending" in lever_text(d)
 
@@ -47,4 +47,4 @@ def test_lever_buttons_and_what_the_page_shows(
     assert "checkpoint #1" in rows["v1"].title and "stop #2" in rows["v2"].title
     assert "acknowledged at step 7" in rows["v1"].detail and "acknowledged at step 7" in rows["v2"].detail
     assert "not acknowledged yet" in rows["v3"].detail
-    assert "trainer acknowledged v2 (v4 pending)" in lever_text(state.query.directive(OPEN, run_id))
+    assert "trainer acknowledged v2 (v4 pending)" in lever_text(state.directives.current(OPEN, run_id))

@@ -273,7 +273,7 @@ def test_directive_controls_validate_exactly_like_the_api(
         "422: llds.lam: Input should be less than or equal to 1000000",
         False,
     )
-    history = state.query.directive_history(OPEN, run_id)
+    history = state.directives.history(OPEN, run_id)
     assert len([d for d in history if d.version > 0]) == accepted
     assert max(d.llds_lambda for d in history) <= 1e6  # nothing out of bounds ever reaches a trainer
     assert set_llds(dctx, OPEN, run_id, False, None)[1]  # an empty lambda box: the default
@@ -293,10 +293,10 @@ def test_directive_changes_on_a_finished_run_ask_first(
     asked = apply_action(dctx, OPEN, run_id, "llds-on", 0.25, None)
     assert asked.confirm is not None and not asked.ok
     assert "done-run" in asked.confirm and "finished" in asked.confirm and "0.25" in asked.confirm
-    assert state.query.directive(OPEN, run_id).version == 0  # nothing written before the answer
+    assert state.directives.current(OPEN, run_id).version == 0  # nothing written before the answer
     done = apply_action(dctx, OPEN, run_id, "llds-on", 0.25, None, confirmed=True)
     assert done.ok and done.confirm is None and "LLDS on (λ=0.25)" in done.message
-    assert state.query.directive(OPEN, run_id).llds_lambda == pytest.approx(0.25)
+    assert state.directives.current(OPEN, run_id).llds_lambda == pytest.approx(0.25)
     asked = apply_action(dctx, OPEN, run_id, "policy-apply", None, "auto")
     assert asked.confirm is not None and state.runs.get(OPEN, run_id).directive_policy == "alert"
     assert apply_action(dctx, OPEN, run_id, "policy-apply", None, "auto", confirmed=True).ok
@@ -307,7 +307,7 @@ def test_directive_changes_on_a_finished_run_ask_first(
     # A running run is steered at once.
     live = new_run(client, "live-run")
     now = apply_action(dctx, OPEN, live, "llds-on", None, None)
-    assert now.ok and now.confirm is None and state.query.directive(OPEN, live).llds_enabled
+    assert now.ok and now.confirm is None and state.directives.current(OPEN, live).llds_enabled
 
 
 # --- item 15 (dashboard part): user text in Plotly figures is escaped -----------------------------------

@@ -109,7 +109,7 @@ class LivenessOut(BaseModel):
 
 
 def get_liveness(state: AppState = Depends(get_state)) -> LivenessService:
-    return LivenessService(state.db, state.runs, state.alerts, state.settings)
+    return state.liveness
 
 
 @router.post("/{run_id}/heartbeat", response_model=LivenessOut)

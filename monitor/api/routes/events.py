@@ -1,0 +1,21 @@
+"""A run's phase changes (healthy, stagnation, decay, collapse) with their evidence."""
+
+from __future__ import annotations
+
+from fastapi import Depends
+
+from monitor.api.params import RunId
+from monitor.api.routes._run import ERRORS, run_router
+from monitor.api.schemas import PhaseEventOut
+from monitor.api.state import AppState, get_principal, get_state
+from monitor.domain import Principal
+
+router = run_router()
+
+
+@router.get("/events", response_model=list[PhaseEventOut], responses=ERRORS)
+def list_phase_events(
+    run_id: RunId, state: AppState = Depends(get_state), principal: Principal = Depends(get_principal)
+) -> list[PhaseEventOut]:
+    """Phase changes of the run with their evidence."""
+    return [PhaseEventOut.of(e) for e in state.query.phase_events(principal, run_id)]

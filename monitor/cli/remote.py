@@ -1,0 +1,380 @@
+"""The CLI's remote mode: a service state that works over a lldmon service's HTTP API.
+
+`RemoteState` has the same `runs`, `query`, `alerts` and `liveness` methods the commands call on the
+local state, and returns the same domain objects, so a command is one code path for both modes and
+prints the same output for the same run. The bearer token decides the project scope (the service
+enforces it). HTTP errors come back as the domain errors the service raised (404 -> NotFound, 422 ->
+InvalidInput, ...), so the commands turn them into the same one-line messages and exit codes as
+locally; an unreachable service is a ServiceUnavailable naming the URL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Final
+
+import httpx
+
+from contracts.wire import API_PREFIX, decode_float
+from monitor.domain import (
+    AlertInfo,
+    DeliveryInfo,
+    DirectiveInfo,
+    MetricLast,
+    MetricSummary,
+    PhaseEventInfo,
+    Principal,
+    RunFilter,
+    RunInfo,
+    RunSummary,
+    Series,
+)
+from monitor.errors import (
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    LLDMonError,
+    NotFound,
+    PayloadTooLarge,
+    ServiceUnavailable,
+    Unauthorized,
+)
+
+DEFAULT_TIMEOUT: Final = 30.0
+_ERRORS: Final[dict[int, type[LLDMonError]]] = {
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    413: PayloadTooLarge,
+    422: InvalidInput,
+    503: ServiceUnavailable,
+}
+
+
+def api_base(url: str) -> str:
+    """`http://host:8000`, with or without a trailing slash or `/api/v1`, as the API's base URL."""
+    return url.strip().rstrip("/").removesuffix(API_PREFIX) + API_PREFIX
+
+
+class Api:
+    """An httpx client with the bearer token whose non-2xx answers raise the matching domain error."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        timeout: float = DEFAULT_TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = api_base(url)
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self.has_token = bool(token)
+        self.http = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    def response(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """The successful response; a transport failure or an error status raises an LLDMonError."""
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ServiceUnavailable(f"cannot reach {self.base_url}: {type(exc).__name__}: {exc}") from None
+        return self.check(response)
+
+    def check(self, response: httpx.Response) -> httpx.Response:
+        """`response` if it is a success, else the domain error its status and body name."""
+        if response.is_success:
+            return response
+        message, field = _error_of(response)
+        if response.status_code == 401:
+            message += " (pass --token or set LLDMON_TOKEN)" if not self.has_token else " (check --token)"
+        error = _ERRORS.get(response.status_code, LLDMonError)
+        if error is LLDMonError:
+            message = f"HTTP {response.status_code} from {self.base_url}: {message}"
+        raise error(message, field=field)
+
+    def json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self.response(method, path, **kwargs).json()
+
+
+def _error_of(response: httpx.Response) -> tuple[str, str | None]:
+    """(message, field) of the API's error body `{"error": {"message", "field"}}`, else its text."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text.strip()[:300] or response.reason_phrase, None
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict) and "message" in error:
+        return str(error["message"]), error.get("field")
+    detail = body.get("detail", body) if isinstance(body, dict) else body
+    return str(detail)[:300], None
+
+
+def parse_time(value: str | None) -> datetime | None:
+    """An API timestamp (ISO 8601, `Z` for UTC) as a datetime."""
+    if value is None:
+        return None
+    return datetime.fromisoformat(value[:-1] + "+00:00" if value.endswith("Z") else value)
+
+
+def _time(value: str) -> datetime:
+    parsed = parse_time(value)
+    assert parsed is not None
+    return parsed
+
+
+def run_of(body: dict[str, Any]) -> RunInfo:
+    return RunInfo(
+        id=int(body["id"]),
+        project=body["project"],
+        project_id=0,  # not in the API; no command prints it
+        name=body["name"],
+        config=body["config"],
+        tags=list(body["tags"]),
+        status=body["status"],
+        directive_policy=body["directive_policy"],
+        phase=body["phase"],
+        last_step=body["last_step"],
+        created_at=_time(body["created_at"]),
+        last_seen_at=_time(body["last_seen_at"]),
+        finished_at=parse_time(body["finished_at"]),
+    )
+
+
+def directive_of(body: dict[str, Any]) -> DirectiveInfo:
+    return DirectiveInfo(
+        version=body["version"],
+        llds_enabled=body["llds"]["enabled"],
+        llds_lambda=body["llds"]["lam"],
+        reason=body["reason"],
+        source=body["source"],
+        step=body["step"],
+        created_at=parse_time(body["updated_at"]),
+        checkpoint=body["checkpoint"],
+        stop=body["stop"],
+        stop_reason=body["stop_reason"],
+        stop_on_collapse=body["stop_on_collapse"],
+        applied_version=body["applied_version"],
+        applied_step=body["applied_step"],
+    )
+
+
+def alert_of(run_id: int, body: dict[str, Any]) -> AlertInfo:
+    return AlertInfo(
+        id=body["id"],
+        run_id=run_id,
+        kind=body["kind"],
+        severity=body["severity"],
+        status=body["status"],
+        message=body["message"],
+        evidence=body["evidence"],
+        first_step=body["first_step"],
+        last_step=body["last_step"],
+        created_at=_time(body["created_at"]),
+        updated_at=_time(body["updated_at"]),
+        acknowledged_at=parse_time(body["acknowledged_at"]),
+        resolved_at=parse_time(body["resolved_at"]),
+        deliveries=tuple(
+            DeliveryInfo(
+                sink=d["sink"],
+                event=d["event"],
+                status=d["status"],
+                attempts=d["attempts"],
+                last_error=d["last_error"],
+                updated_at=_time(d["updated_at"]),
+            )
+            for d in body.get("deliveries", [])
+        ),
+    )
+
+
+def phase_event_of(run_id: int, body: dict[str, Any]) -> PhaseEventInfo:
+    return PhaseEventInfo(
+        id=body["id"],
+        run_id=run_id,
+        step=body["step"],
+        phase=body["phase"],
+        previous_phase=body["previous_phase"],
+        evidence=body["evidence"],
+        created_at=_time(body["created_at"]),
+    )
+
+
+class RemoteRuns:
+    def __init__(self, api: Api) -> None:
+        self.api = api
+
+    def list(self, principal: Principal, query: RunFilter) -> list[RunInfo]:
+        params = {
+            "project": query.project,
+            "status": query.status,
+            "tag": query.tag,
+            "name": query.name,
+            "limit": query.limit,
+            "offset": query.offset,
+        }
+        page = self.api.json("GET", "/runs", params={k: v for k, v in params.items() if v is not None})
+        return [run_of(r) for r in page]
+
+    def get(self, principal: Principal, run_id: int) -> RunInfo:
+        return run_of(self.api.json("GET", f"/runs/{run_id}"))
+
+    def set_policy(self, principal: Principal, run_id: int, policy: str) -> RunInfo:
+        return run_of(self.api.json("PUT", f"/runs/{run_id}/policy", json={"policy": policy}))
+
+
+class RemoteQuery:
+    def __init__(self, api: Api, runs: RemoteRuns) -> None:
+        self.api = api
+        self.runs = runs
+
+    def metric_names(self, principal: Principal, run_id: int) -> list[MetricSummary]:
+        rows = self.api.json("GET", f"/runs/{run_id}/metric-names")
+        return [MetricSummary(r["name"], r["points"], r["first_step"], r["last_step"]) for r in rows]
+
+    def history(
+        self, principal: Principal, run_id: int, names: Sequence[str] | None, *_: Any, **__: Any
+    ) -> list[Series]:
+        """Every stored point of `names` (all if None), NaN and inf decoded."""
+        params = {"names": list(names)} if names else {}
+        body = self.api.json("GET", f"/runs/{run_id}/metrics", params=params)
+        return [
+            Series(name, list(s["steps"]), [decode_float(v) for v in s["values"]])
+            for name, s in body["series"].items()
+        ]
+
+    def history_csv(self, series: list[Series], nonfinite: Any = "wire") -> str:
+        """The same CSV as the service writes (the rendering needs no database)."""
+        from monitor.services.query import history_csv
+
+        return history_csv(series, nonfinite)
+
+    def summary(self, principal: Principal, run_id: int) -> RunSummary:
+        """What `QueryService.summary` reads, from the run's API resources."""
+        run = self.runs.get(principal, run_id)
+        names = self.metric_names(principal, run_id)
+        series = {s.name: s for s in self.history(principal, run_id, None)} if names else {}
+        steps: set[int] = set().union(*(s.steps for s in series.values()))
+        base = f"/runs/{run_id}"
+        return RunSummary(
+            run=run,
+            n_steps=len(steps),
+            first_step=min(steps, default=None),
+            last_step=max(steps, default=None),
+            metrics=[
+                MetricLast(m.name, m.points, m.first_step, m.last_step, series[m.name].values[-1])
+                for m in names
+                if series.get(m.name) and series[m.name].values
+            ],
+            phases=[phase_event_of(run_id, e) for e in self.api.json("GET", f"{base}/events")],
+            alerts=[alert_of(run_id, a) for a in self.api.json("GET", f"{base}/alerts")],
+            directives=[directive_of(d) for d in self.api.json("GET", f"{base}/directives")],
+            directive=directive_of(self.api.json("GET", f"{base}/directive")),
+        )
+
+    def phase_events(self, principal: Principal, run_id: int) -> list[PhaseEventInfo]:
+        return [phase_event_of(run_id, e) for e in self.api.json("GET", f"/runs/{run_id}/events")]
+
+
+class RemoteDirectives:
+    """`DirectiveService` over the API."""
+
+    def __init__(self, api: Api) -> None:
+        self.api = api
+
+    def current(self, principal: Principal, run_id: int) -> DirectiveInfo:
+        return directive_of(self.api.json("GET", f"/runs/{run_id}/directive"))
+
+    def set_manual(
+        self,
+        principal: Principal,
+        run_id: int,
+        *,
+        llds_enabled: bool | None = None,
+        llds_lambda: float | None = None,
+        checkpoint: bool = False,
+        stop: bool | None = None,
+        stop_on_collapse: bool | None = None,
+        reason: str = "",
+    ) -> DirectiveInfo:
+        """PUT /directive: what is left out keeps its value (as `DirectiveService.set_manual`)."""
+        body: dict[str, Any] = {"reason": reason}
+        if llds_enabled is not None or llds_lambda is not None:
+            current = self.current(principal, run_id)
+            body["llds"] = {
+                "enabled": current.llds_enabled if llds_enabled is None else llds_enabled,
+                "lam": current.llds_lambda if llds_lambda is None else llds_lambda,
+            }
+        if checkpoint:
+            body["checkpoint"] = True
+        if stop is not None:
+            body["stop"] = stop
+        if stop_on_collapse is not None:
+            body["stop_on_collapse"] = stop_on_collapse
+        return directive_of(self.api.json("PUT", f"/runs/{run_id}/directive", json=body))
+
+
+class RemoteAlerts:
+    def __init__(self, api: Api) -> None:
+        self.api = api
+
+    def list(self, principal: Principal, run_id: int, status: str | None = None) -> list[AlertInfo]:
+        params = {"status": status} if status else {}
+        return [alert_of(run_id, a) for a in self.api.json("GET", f"/runs/{run_id}/alerts", params=params)]
+
+    def acknowledge(self, principal: Principal, run_id: int, alert_id: int) -> AlertInfo:
+        return alert_of(run_id, self.api.json("POST", f"/runs/{run_id}/alerts/{alert_id}/ack"))
+
+
+class RemoteLiveness:
+    def __init__(self, api: Api) -> None:
+        self.api = api
+
+    def get(self, principal: Principal, run_id: int) -> Any:
+        return _liveness_of(self.api.json("GET", f"/runs/{run_id}/liveness"))
+
+    def set_thresholds(
+        self, principal: Principal, run_id: int, stall_after_s: float | None, crash_after_s: float | None
+    ) -> Any:
+        body = {"stall_after_s": stall_after_s, "crash_after_s": crash_after_s}
+        return _liveness_of(self.api.json("PUT", f"/runs/{run_id}/liveness", json=body))
+
+
+def _liveness_of(body: dict[str, Any]) -> Any:
+    from monitor.services.liveness import Liveness
+
+    return Liveness(
+        **{
+            **body,
+            "last_seen_at": _time(body["last_seen_at"]),
+            "last_step_at": parse_time(body["last_step_at"]),
+        }
+    )
+
+
+class RemoteState:
+    """What a command needs of the service, over HTTP. `db.dispose()` closes the client (the commands
+    close the local database that way)."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        timeout: float = DEFAULT_TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.api = Api(url, token, timeout, transport)
+        self.db = self
+        self.runs = RemoteRuns(self.api)
+        self.query = RemoteQuery(self.api, self.runs)
+        self.alerts = RemoteAlerts(self.api)
+        self.directives = RemoteDirectives(self.api)
+        self.liveness = RemoteLiveness(self.api)
+
+    def dispose(self) -> None:
+        self.api.close()

@@ -1,0 +1,237 @@
+"""`lldmon import --url`: parse logs here, send their steps through a remote service's ingest API.
+
+The batches are what a trainer sends (columnar metrics, gzip, split to the body limit with
+`contracts.split`), and their ids are derived from the run, a digest of the input (files, format and
+options) and the step range, so importing the same files again is a no-op: every batch is a duplicate on
+the service's ledger. The service's detector judges the steps and raises alerts; its own sinks deliver
+them. The summary (phases, alerts) is read back from the API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import httpx
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from contracts import split
+from contracts.wire import DEFAULT_PROJECT, encode_float
+from monitor.cli.remote import RemoteState, run_of
+from monitor.domain import AlertInfo, PhaseEventInfo, Principal, RunFilter, RunInfo
+from monitor.errors import Conflict, LLDMonError, ServiceUnavailable
+from monitor.import_command import (
+    EXIT_INTERRUPTED,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    ImportOptions,
+    read_input,
+    summary,
+)
+
+DEFAULT_CHUNK_STEPS: Final = 50
+_BATCH_NAMESPACE: Final = uuid.uuid5(uuid.NAMESPACE_URL, "lldmon:import-batch")
+_FINAL_STATUSES: Final = ("finished", "failed", "crashed")
+
+
+@dataclass(frozen=True)
+class RemoteImportResult:
+    """What `import_command.summary` prints (the fields of the local ImportResult it reads)."""
+
+    run: RunInfo
+    created: bool
+    steps: int
+    first_step: int
+    last_step: int
+    points: int
+    metrics: tuple[str, ...]
+    phases: list[PhaseEventInfo] = field(default_factory=list)
+    alerts: list[AlertInfo] = field(default_factory=list)
+
+
+def input_digest(files: Sequence[Path], options: ImportOptions, fmt: str) -> str:
+    """SHA-256 of the input files' bytes and of what changes how they parse."""
+    digest = hashlib.sha256(f"{fmt}|{list(options.first_step)}|".encode())
+    for path in files:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def batch_id(run_id: int, digest: str, first_step: int, last_step: int) -> str:
+    """Stable for the same run, input and step range: a re-sent batch is a duplicate."""
+    return "import-" + uuid.uuid5(_BATCH_NAMESPACE, f"{run_id}:{digest}:{first_step}-{last_step}").hex
+
+
+def metrics_body(log: Any, lo: int, hi: int, batch: str) -> dict[str, Any]:
+    """Steps `lo:hi` of the log as a wire body: logged values only (None: not logged), NaN/inf strings."""
+    metrics: dict[str, list[Any]] = {}
+    for name in sorted(log.values):
+        mask = log.present[name][lo:hi]
+        if mask.any():
+            values = log.values[name][lo:hi].tolist()
+            metrics[name] = [
+                encode_float(v) if m else None for v, m in zip(values, mask.tolist(), strict=True)
+            ]
+    return {"batch_id": batch, "steps": [int(s) for s in log.steps[lo:hi]], "metrics": metrics}
+
+
+def _log_extent(log: Any) -> set[tuple[str, int, int, int]]:
+    """(name, points, first step, last step) per metric, as the API's metric-names lists them."""
+    out = set()
+    for name, mask in log.present.items():
+        steps = log.steps[mask]
+        if len(steps):
+            out.add((name, len(steps), int(steps[0]), int(steps[-1])))
+    return out
+
+
+def import_over_http(options: ImportOptions, console: Console, url: str, token: str | None) -> int:
+    """The whole `import --url`; returns the exit code."""
+    if options.replace:
+        return _fail(console, "--replace deletes the run's data in the database: local only, not with --url")
+    read = read_input(options, console)
+    if isinstance(read, int):
+        return read
+    log, fmt, files = read
+    digest = input_digest(files, options, fmt)
+    state = RemoteState(url, token)
+    sender = _Sender(state)
+    try:
+        result = _send(state, sender, options, log, digest, console)
+    except LLDMonError as exc:
+        return _fail(console, exc.message, EXIT_REFUSED)
+    except KeyboardInterrupt:
+        console.print(
+            f"interrupted after {sender.sent + sender.duplicates} batches: run {escape(options.run)!r} is "
+            "marked failed; run the same command with --append to send the rest (the batches already sent "
+            "are duplicates)",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return EXIT_INTERRUPTED
+    finally:
+        state.dispose()
+    console.print(
+        f"sent {sender.sent} batches to {state.api.base_url}"
+        + (f" ({sender.duplicates} already there)" if sender.duplicates else ""),
+        highlight=False,
+        soft_wrap=True,
+    )
+    summary(result, fmt, len(files), console)
+    return 0
+
+
+def _send(
+    state: RemoteState, sender: _Sender, options: ImportOptions, log: Any, digest: str, console: Console
+) -> RemoteImportResult:
+    principal = Principal()  # the service applies the token's scope
+    project = options.project or (None if state.api.has_token else DEFAULT_PROJECT)
+    found = [
+        r
+        for r in state.runs.list(principal, RunFilter(name=options.run, project=project, limit=2))
+        if r.name == options.run
+    ]
+    existing = found[0] if len(found) == 1 else None
+    if existing is not None and existing.last_step is not None and not options.append:
+        stored = {
+            (m.name, m.points, m.first_step, m.last_step)
+            for m in state.query.metric_names(principal, existing.id)
+        }
+        if stored != _log_extent(log):  # not this import again: the local import's refusal
+            raise Conflict(
+                f"run {options.run!r} of project {existing.project!r} (id {existing.id}) already has metrics "
+                f"up to step {existing.last_step}: append the log to them (--append; a step stored already "
+                "is overwritten) or import into a new run (--replace is local only)"
+            )
+    body: dict[str, Any] = {"name": options.run, "tags": list(options.tags)}
+    if options.project is not None:
+        body["project"] = options.project
+    run = run_of(state.api.json("POST", "/runs", json=body))
+    phases_before = {e.id for e in state.query.phase_events(principal, run.id)}
+    alerts_before = {(a.id, a.status, a.last_step) for a in state.alerts.list(principal, run.id)}
+    chunk = options.chunk_steps or DEFAULT_CHUNK_STEPS
+    with Progress(
+        TextColumn("writing steps"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console
+    ) as progress:
+        task = progress.add_task("write", total=len(log))
+        try:
+            for lo in range(0, len(log), chunk):
+                hi = min(lo + chunk, len(log))
+                first, last = int(log.steps[lo]), int(log.steps[hi - 1])
+                sender.send(run.id, metrics_body(log, lo, hi, batch_id(run.id, digest, first, last)))
+                progress.advance(task, hi - lo)
+        except BaseException:  # as the local import: a half-imported run is marked failed, not left alive
+            with contextlib.suppress(Exception):
+                state.api.json("POST", f"/runs/{run.id}/finish", json={"status": "failed"})
+            raise
+    previous = existing.status if existing is not None else None
+    if previous != "running":
+        final = previous if previous in _FINAL_STATUSES and previous != "failed" else "finished"
+        state.api.json("POST", f"/runs/{run.id}/finish", json={"status": final})
+    return RemoteImportResult(
+        run=state.runs.get(principal, run.id),
+        created=existing is None,
+        steps=len(log),
+        first_step=int(log.steps[0]),
+        last_step=int(log.steps[-1]),
+        points=log.n_points,
+        metrics=tuple(sorted(log.values)),
+        phases=[e for e in state.query.phase_events(principal, run.id) if e.id not in phases_before],
+        alerts=[
+            a
+            for a in state.alerts.list(principal, run.id)
+            if (a.id, a.status, a.last_step) not in alerts_before
+        ],
+    )
+
+
+class _Sender:
+    """Metrics bodies to the ingest API, gzip, split to the body limit (the one a 413 names)."""
+
+    def __init__(self, state: RemoteState) -> None:
+        self.api = state.api
+        self.max_bytes = split.DEFAULT_MAX_BODY_BYTES
+        self.sent = self.duplicates = 0
+
+    def send(self, run_id: int, body: dict[str, Any]) -> None:
+        pending = split.split_body("metrics", body, self.max_bytes)
+        while pending:
+            part, raw = pending.pop(0)
+            try:
+                response = self.api.http.post(
+                    f"/runs/{run_id}/metrics",
+                    content=gzip.compress(raw),
+                    headers={"content-type": "application/json", "content-encoding": "gzip"},
+                )
+            except httpx.HTTPError as exc:
+                raise ServiceUnavailable(
+                    f"cannot reach {self.api.base_url}: {type(exc).__name__}: {exc}"
+                ) from None
+            if response.status_code == 413:
+                limit = split.limit_from_error(response.text) or len(raw) // 2
+                self.max_bytes = min(self.max_bytes, max(1024, limit))
+                parts = split.split_body("metrics", part, self.max_bytes)
+                if len(parts) > 1:
+                    pending[:0] = parts
+                    continue
+            ack = self.api.check(response).json()
+            if ack.get("duplicate"):
+                self.duplicates += 1
+            else:
+                self.sent += 1
+
+
+def _fail(console: Console, message: str, code: int = EXIT_USAGE) -> int:
+    console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    return code
