@@ -59,6 +59,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from contracts.wire import FINISH_STATUSES
+
 __all__ = [
     "CORRUPT_DIR",
     "REJECTED_DIR",
@@ -95,7 +97,6 @@ _STALE_TMP_SECONDS: Final = 3600.0
 _NAME_RE: Final = re.compile(r"^\d{20}-[A-Za-z0-9._-]{1,64}\.json\.gz$")
 FINISH_FORMAT: Final = "lldmon-spool-finish"
 _FINISH_RE: Final = re.compile(r"^finish-[0-9a-f]{16}\.json$")
-FINISH_STATUSES: Final = ("finished", "failed", "crashed")
 _KINDS: Final = ("metrics", "actions")
 
 log = logging.getLogger("lldmon.spool")

@@ -21,6 +21,9 @@ from typing import Any, Final
 
 API_PREFIX: Final = "/api/v1"
 DEFAULT_PROJECT: Final = "default"
+MAX_BODY_HEADER: Final = "lldmon-max-body-bytes"
+"""Response header on every API answer: the service's body limit (bytes of decompressed JSON), so a
+client splits its batches under it before the first one is refused."""
 """The project of a run created without one (and without a project-scoped token)."""
 
 BATCH_ID_MAX_LENGTH: Final = 64

@@ -18,7 +18,7 @@ from typing import Any, Final
 import httpx
 
 from contracts.spool import Outcome, outcome_for_status
-from contracts.wire import API_PREFIX
+from contracts.wire import API_PREFIX, MAX_BODY_HEADER
 
 TRANSIENT_STATUSES: Final = frozenset({408, 429, 500, 502, 503, 504})
 
@@ -54,6 +54,8 @@ class Reply:
     data: Any = None
     error: str = ""
     retry_after: float | None = None
+    body_limit: int | None = None
+    """The service's body limit, from `contracts.wire.MAX_BODY_HEADER` (None: not announced)."""
 
     @property
     def outcome(self) -> Outcome:
@@ -84,6 +86,10 @@ def parse_retry_after(value: str | None) -> float | None:
     except (TypeError, ValueError, IndexError):
         return None
     return max(0.0, when.timestamp() - time.time())
+
+
+def _body_limit(value: str | None) -> int | None:
+    return int(value) if value is not None and value.isdigit() and int(value) > 0 else None
 
 
 def _error_text(response: httpx.Response, data: Any) -> str:
@@ -143,6 +149,7 @@ class HttpSession:
             data=data,
             error=error,
             retry_after=parse_retry_after(response.headers.get("retry-after")),
+            body_limit=_body_limit(response.headers.get(MAX_BODY_HEADER)),
         )
 
     def close(self) -> None:

@@ -514,6 +514,15 @@ class MonitorClient:
         parts = split.split_body(batch.kind, batch.body, self._max_batch_bytes, dumps)
         return [(Batch(batch.kind, body, batch.order_ns + i), raw) for i, (body, raw) in enumerate(parts)]
 
+    def _adopt_limit(self, limit: int | None) -> None:
+        """The body limit the service announces (`MAX_BODY_HEADER`): split under it before sending,
+        so no batch of ours is refused with a 413."""
+        if limit is not None and limit < self._max_batch_bytes:
+            self._max_batch_bytes = max(1024, limit)
+            logger.info(
+                "lldmon: the service accepts at most %d bytes per request: batches are split to it", limit
+            )
+
     def _learn_limit(self, reply: Reply, size: int) -> None:
         """A 413: lower the byte limit to the one the service names (else to half of what it refused)."""
         named = split.limit_from_error(reply.error)
@@ -649,8 +658,8 @@ class MonitorClient:
         return records
 
     def _deliver(self, records: list[Record]) -> None:
-        batches = self._batches(records) if records else []
         registered = self._network_allowed() and self._ensure_registered(self.identity) is not None
+        batches = self._batches(records) if records else []  # after registering: its answer names the limit
         if registered and self._spool_pending:
             self._replay_spool()
         for batch, raw in batches:
@@ -733,6 +742,7 @@ class MonitorClient:
         if reply.outcome == "ok" and isinstance(reply.data, dict) and isinstance(reply.data.get("id"), int):
             run_id = int(reply.data["id"])
             self._run_ids[run.key] = run_id
+            self._adopt_limit(reply.body_limit)
             self._mark_up()
             if run.key == self.identity.key:
                 self._fetch_directive(run_id)

@@ -8,6 +8,7 @@ import zlib
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from contracts.wire import MAX_BODY_HEADER
 from monitor.api.errors import ErrorResponse
 from monitor.errors import InvalidInput, PayloadTooLarge
 
@@ -25,6 +26,7 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        send = self._announcing(send)
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.limit:
             message = f"body of {int(declared)} bytes exceeds the limit of {self.limit} bytes"
@@ -59,6 +61,17 @@ class BodyLimitMiddleware:
         except Exception:
             if not rejected:
                 raise
+
+    def _announcing(self, send: Send) -> Send:
+        """`send` that names the limit on every response (`contracts.wire.MAX_BODY_HEADER`)."""
+        header = (MAX_BODY_HEADER.encode(), str(self.limit).encode())
+
+        async def announce(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), header]}
+            await send(message)
+
+        return announce
 
     @staticmethod
     async def _reject(scope: Scope, receive: Receive, send: Send, message: str) -> None:

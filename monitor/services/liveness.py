@@ -116,6 +116,11 @@ class LivenessService:
         with self.db.read() as conn:
             return self._liveness(conn, run_id)
 
+    def finished(self, run_id: int) -> None:
+        """A run ended with an explicit status: its silence is explained, so a run_stalled alert
+        resolves (the sweeper only looks at running and stalled runs)."""
+        self._clear(run_id)
+
     # the sweeper
 
     def sweep(self, now: datetime | None = None) -> list[tuple[int, str]]:

@@ -20,8 +20,8 @@ from tests.conftest import drop_postgres_database, new_database
 
 
 def _service(client: TestClient) -> LivenessService:
-    state = client.app.state.lldmon  # type: ignore[attr-defined]
-    return LivenessService(state.db, state.runs, state.alerts, state.settings)
+    service: LivenessService = client.app.state.lldmon.liveness  # type: ignore[attr-defined]
+    return service
 
 
 def _run(client: TestClient, name: str = "r") -> int:
@@ -77,6 +77,19 @@ def test_a_new_batch_revives_a_stalled_run_and_the_sweeper_resolves_its_alert(cl
     _log(client, run_id, "b1", [1])
     assert client.get(f"/api/v1/runs/{run_id}").json()["status"] == "running"
     assert service.sweep() == []
+    assert [a["status"] for a in _stalled_alerts(client, run_id)] == ["resolved"]
+
+
+def test_finishing_a_stalled_run_resolves_its_alert(client: TestClient) -> None:
+    """The job came back only to say it ended (or `lldmon sync` delivered its final status): the
+    silence is explained, the run_stalled alert must not stay open for ever."""
+    run_id = _run(client)
+    client.put(f"/api/v1/runs/{run_id}/liveness", json={"stall_after_s": 60})
+    assert _service(client).sweep(_later(61)) == [(run_id, "stalled")]
+    assert [a["status"] for a in _stalled_alerts(client, run_id)] == ["open"]
+    assert (
+        client.post(f"/api/v1/runs/{run_id}/finish", json={"status": "failed"}).json()["status"] == "failed"
+    )
     assert [a["status"] for a in _stalled_alerts(client, run_id)] == ["resolved"]
 
 

@@ -64,7 +64,9 @@ def finish_run(
     status = body.status if body is not None else "finished"
     state.runs.get(principal, run_id)  # access first: a stranger's request judges nothing
     state.ingest.judge_backlog(run_id)  # steps of a batch over the detector's per-batch bound
-    return RunOut.of(state.runs.finish(principal, run_id, status))
+    finished = state.runs.finish(principal, run_id, status)
+    state.liveness.finished(run_id)
+    return RunOut.of(finished)
 
 
 @router.put("/{run_id}/policy", response_model=RunOut)
