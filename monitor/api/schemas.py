@@ -9,9 +9,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from contracts.directive import DEFAULT_LLDS_LAMBDA
+from contracts.wire import encode_float
 from monitor.api.unicode import invalid_text_path
 from monitor.detector.explain import explain_finding, explain_phase_change
-from monitor.domain import AlertInfo, DirectiveInfo, IngestAck, PhaseEventInfo, RunInfo
+from monitor.domain import AlertInfo, DirectiveInfo, IngestAck, PhaseEventInfo, RunInfo, RunSummary
 from monitor.services.runs import config_problem
 
 Name = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00]+$")]
@@ -323,6 +324,55 @@ class ErrorBody(BaseModel):
     code: str
     message: str
     field: str | None = None
+
+
+class StepExtentOut(BaseModel):
+    count: int = Field(description="Distinct steps with at least one metric.")
+    first: int | None
+    last: int | None
+
+
+class MetricLastOut(BaseModel):
+    name: str
+    points: int
+    first_step: int
+    last_step: int
+    last_value: float | str = Field(
+        description="The value at `last_step`; non-finite as 'NaN', 'Infinity', ..."
+    )
+
+
+class RunSummaryOut(BaseModel):
+    """A run at a glance (what `lldmon runs show` prints), read in one transaction so the parts agree."""
+
+    run: RunOut
+    steps: StepExtentOut
+    metrics: list[MetricLastOut]
+    phases: list[PhaseEventOut]
+    alerts: list[AlertOut]
+    directives: list[DirectiveOut]
+    directive: DirectiveOut
+
+    @classmethod
+    def of(cls, s: RunSummary) -> RunSummaryOut:
+        return cls(
+            run=RunOut.of(s.run),
+            steps=StepExtentOut(count=s.n_steps, first=s.first_step, last=s.last_step),
+            metrics=[
+                MetricLastOut(
+                    name=m.name,
+                    points=m.points,
+                    first_step=m.first_step,
+                    last_step=m.last_step,
+                    last_value=encode_float(m.last_value),
+                )
+                for m in s.metrics
+            ],
+            phases=[PhaseEventOut.of(e) for e in s.phases],
+            alerts=[AlertOut.of(a) for a in s.alerts],
+            directives=[DirectiveOut.of(d) for d in s.directives],
+            directive=DirectiveOut.of(s.directive),
+        )
 
 
 class ErrorOut(BaseModel):

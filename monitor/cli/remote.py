@@ -255,26 +255,24 @@ class RemoteQuery:
         return history_csv(series, nonfinite)
 
     def summary(self, principal: Principal, run_id: int) -> RunSummary:
-        """What `QueryService.summary` reads, from the run's API resources."""
-        run = self.runs.get(principal, run_id)
-        names = self.metric_names(principal, run_id)
-        series = {s.name: s for s in self.history(principal, run_id, None)} if names else {}
-        steps: set[int] = set().union(*(s.steps for s in series.values()))
-        base = f"/runs/{run_id}"
+        """`GET /runs/{id}/summary`: what `QueryService.summary` reads, without the metric history."""
+        body = self.api.json("GET", f"/runs/{run_id}/summary")
+        steps = body["steps"]
         return RunSummary(
-            run=run,
-            n_steps=len(steps),
-            first_step=min(steps, default=None),
-            last_step=max(steps, default=None),
+            run=run_of(body["run"]),
+            n_steps=int(steps["count"]),
+            first_step=steps["first"],
+            last_step=steps["last"],
             metrics=[
-                MetricLast(m.name, m.points, m.first_step, m.last_step, series[m.name].values[-1])
-                for m in names
-                if series.get(m.name) and series[m.name].values
+                MetricLast(
+                    m["name"], m["points"], m["first_step"], m["last_step"], decode_float(m["last_value"])
+                )
+                for m in body["metrics"]
             ],
-            phases=[phase_event_of(run_id, e) for e in self.api.json("GET", f"{base}/events")],
-            alerts=[alert_of(run_id, a) for a in self.api.json("GET", f"{base}/alerts")],
-            directives=[directive_of(d) for d in self.api.json("GET", f"{base}/directives")],
-            directive=directive_of(self.api.json("GET", f"{base}/directive")),
+            phases=[phase_event_of(run_id, e) for e in body["phases"]],
+            alerts=[alert_of(run_id, a) for a in body["alerts"]],
+            directives=[directive_of(d) for d in body["directives"]],
+            directive=directive_of(body["directive"]),
         )
 
     def phase_events(self, principal: Principal, run_id: int) -> list[PhaseEventInfo]:

@@ -1,4 +1,5 @@
-"""A run's phase changes (healthy, stagnation, decay, collapse) with their evidence."""
+"""A run's phase changes (healthy, stagnation, decay, collapse) with their evidence, and the run at a
+glance."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from fastapi import Depends
 
 from monitor.api.params import RunId
 from monitor.api.routes._run import ERRORS, run_router
-from monitor.api.schemas import PhaseEventOut
+from monitor.api.schemas import PhaseEventOut, RunSummaryOut
 from monitor.api.state import AppState, get_principal, get_state
 from monitor.domain import Principal
 
@@ -19,3 +20,12 @@ def list_phase_events(
 ) -> list[PhaseEventOut]:
     """Phase changes of the run with their evidence."""
     return [PhaseEventOut.of(e) for e in state.query.phase_events(principal, run_id)]
+
+
+@router.get("/summary", response_model=RunSummaryOut, responses=ERRORS)
+def run_summary(
+    run_id: RunId, state: AppState = Depends(get_state), principal: Principal = Depends(get_principal)
+) -> RunSummaryOut:
+    """The run at a glance: step extent, each metric's last value, phases, alerts, directives (what
+    `lldmon runs show` prints; one read transaction, no metric history)."""
+    return RunSummaryOut.of(state.query.summary(principal, run_id))

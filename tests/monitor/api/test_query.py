@@ -92,3 +92,21 @@ def test_csv_quotes_names_and_aligns_sparse_series(client: TestClient) -> None:
     )
     text = client.get(f"{API_PREFIX}/runs/{run_id}/metrics", params={"format": "csv"}).text
     assert text.splitlines() == ['step,"odd,""name""",z', "0,1.5,", "5,,2.0", "9,-Infinity,"]
+
+
+def test_run_summary_is_the_run_at_a_glance_without_its_history(client: TestClient) -> None:
+    """`GET /runs/{id}/summary` (what `lldmon runs show --url` reads): step extent over all metrics,
+    each metric's last value (a logged NaN stays NaN), the directive in force."""
+    run_id = new_run(client, "glance")
+    client.post(
+        f"{API_PREFIX}/runs/{run_id}/metrics",
+        json=metrics_batch([3, 5, 9], {"reward/mean": [0.1, 0.2, None], "grad/norm": [1.0, None, "NaN"]}),
+    ).raise_for_status()
+    body = client.get(f"{API_PREFIX}/runs/{run_id}/summary").json()
+    assert body["run"]["id"] == run_id and body["run"]["name"] == "glance"
+    assert body["steps"] == {"count": 3, "first": 3, "last": 9}
+    metrics = {m["name"]: m for m in body["metrics"]}
+    assert metrics["reward/mean"]["last_step"] == 5 and metrics["reward/mean"]["last_value"] == 0.2
+    assert metrics["grad/norm"]["points"] == 2 and metrics["grad/norm"]["last_value"] == "NaN"
+    assert body["directive"]["version"] == 0 and body["directives"] == []
+    assert client.get(f"{API_PREFIX}/runs/{run_id + 1000}/summary").status_code == 404
