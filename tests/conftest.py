@@ -86,6 +86,15 @@ def migrated_url(backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 @pytest.fixture
+def empty_url(backend: str, tmp_path: Path) -> Iterator[str]:
+    """A database of `backend` with no schema (migration tests), dropped afterwards."""
+    url = new_database(backend, tmp_path)
+    yield url
+    if backend == "postgres":
+        drop_postgres_database(url)
+
+
+@pytest.fixture
 def db_url(migrated_url: str) -> str:
     """A migrated database with every table empty."""
     from monitor.db.base import Base

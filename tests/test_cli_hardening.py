@@ -19,6 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from monitor.cli import app
+from tests.without_extras import lldmon_without
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "200"}
@@ -233,21 +234,6 @@ def test_choices_match_the_contract() -> None:
     assert get_args(AlertStatus) == ("open", "acknowledged", "resolved")
 
 
-BLOCKER = """
-import importlib.abc, sys
-BLOCKED = set(sys.argv[1].split(","))
-
-class NotInstalled(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in BLOCKED:
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return None
-
-sys.meta_path.insert(0, NotInstalled())
-sys.argv = ["lldmon", *sys.argv[2:]]
-from monitor.cli import main
-main()
-"""
 SERVER_EXTRA = (
     "fastapi,fastapi_offline,uvicorn,sqlalchemy,alembic,pydantic,pydantic_settings,msgspec,orjson,numpy,"
     "pandas,pyarrow,plotly,dash,prometheus_client,a2wsgi,tensorboard,psycopg,torch,transformers,trl,bm25s"
@@ -268,16 +254,7 @@ SERVER_EXTRA = (
 def test_a_command_without_its_extra_names_it(tmp_path: Path, args: list[str]) -> None:
     """In an install without extras (`pip install lldmon`) `lldmon export` ended in
     `ModuleNotFoundError: sqlalchemy` (a traceback); now one line says which extra to install."""
-    env = {**os.environ, "LLDMON_DATA_DIR": str(tmp_path), "COLUMNS": "300"}
-    env.pop("LLDMON_DATABASE_URL", None)
-    result = subprocess.run(
-        [sys.executable, "-c", BLOCKER, SERVER_EXTRA, *args],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = lldmon_without(SERVER_EXTRA, *args, data_dir=tmp_path, cwd=tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode == 1, output
     assert "Traceback" not in output, output
@@ -289,7 +266,5 @@ def test_a_command_without_its_extra_names_it(tmp_path: Path, args: list[str]) -
 
 
 def test_help_needs_no_extra() -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", BLOCKER, SERVER_EXTRA, "--help"], capture_output=True, text=True, timeout=120
-    )
+    result = lldmon_without(SERVER_EXTRA, "--help")
     assert result.returncode == 0 and "import" in result.stdout, result.stdout + result.stderr

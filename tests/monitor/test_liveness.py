@@ -5,7 +5,6 @@ migration and /metrics."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +15,6 @@ from contracts.wire import ALERT_RUN_STALLED
 from monitor.db.engine import make_engine
 from monitor.db.migrate import downgrade, upgrade
 from monitor.services.liveness import LivenessService
-from tests.conftest import drop_postgres_database, new_database
 
 
 def _service(client: TestClient) -> LivenessService:
@@ -167,14 +165,6 @@ def test_metrics_expose_last_step_time_and_project(client: TestClient) -> None:
     assert abs(float(stamp[0].split()[-1]) - datetime.now(timezone.utc).timestamp()) < 60
     phase = [line for line in body.splitlines() if line.startswith("lldmon_run_phase{")]
     assert phase and all('project="p"' in line for line in phase)
-
-
-@pytest.fixture
-def empty_url(backend: str, tmp_path: Path):  # type: ignore[no-untyped-def]
-    url = new_database(backend, tmp_path)
-    yield url
-    if backend == "postgres":
-        drop_postgres_database(url)
 
 
 def test_liveness_migration_up_down_up_with_data(empty_url: str) -> None:

@@ -3,26 +3,13 @@ and PostgreSQL: old versions get no requests, and `llds_manual` from a run's fir
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 from sqlalchemy import inspect, text
 
 from monitor.db.engine import make_engine
 from monitor.db.migrate import downgrade, upgrade
 from monitor.store import events as event_store
-from tests.conftest import drop_postgres_database, new_database
 
 LEVER_COLUMNS = {"checkpoint", "stop", "stop_reason", "stop_on_collapse", "llds_manual"}
-
-
-@pytest.fixture
-def empty_url(backend: str, tmp_path: Path) -> Iterator[str]:
-    url = new_database(backend, tmp_path)
-    yield url
-    if backend == "postgres":
-        drop_postgres_database(url)
 
 
 def test_levers_migration_up_down_up_with_data(empty_url: str) -> None:

@@ -14,15 +14,6 @@ from monitor.config import Settings
 from monitor.db.base import Base
 from monitor.db.engine import make_engine
 from monitor.db.migrate import current_revision, downgrade, head_revision, upgrade
-from tests.conftest import drop_postgres_database, new_database
-
-
-@pytest.fixture
-def empty_url(backend: str, tmp_path: Path):  # type: ignore[no-untyped-def]
-    url = new_database(backend, tmp_path)
-    yield url
-    if backend == "postgres":
-        drop_postgres_database(url)
 
 
 def test_upgrade_downgrade_upgrade(empty_url: str) -> None:

@@ -12,21 +12,7 @@ from pathlib import Path
 
 import pytest
 
-BLOCKER = """
-import importlib.abc, sys
-BLOCKED = set(sys.argv[1].split(","))
-
-class NotInstalled(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in BLOCKED:
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return None
-
-sys.meta_path.insert(0, NotInstalled())
-sys.argv = ["lldmon", *sys.argv[2:]]
-from monitor.cli import main
-main()
-"""
+from tests.without_extras import lldmon_without
 
 
 def _extras_of(package: str) -> set[str]:
@@ -47,16 +33,7 @@ def test_server_extra_leaves_out_the_file_formats() -> None:
 
 
 def _lldmon(tmp_path: Path, blocked: str, *args: str) -> str:
-    env = {**os.environ, "LLDMON_DATA_DIR": str(tmp_path / "data"), "COLUMNS": "300"}
-    env.pop("LLDMON_DATABASE_URL", None)
-    result = subprocess.run(
-        [sys.executable, "-c", BLOCKER, blocked, *args],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = lldmon_without(blocked, *args, data_dir=tmp_path / "data", cwd=tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
     assert "Traceback" not in output, output

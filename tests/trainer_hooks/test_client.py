@@ -36,34 +36,10 @@ def test_the_client_loads_neither_the_server_stack_nor_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
 
 
-FAST = RetryPolicy(attempts=3, backoff_base=0.02, backoff_max=0.3, max_retry_after=5.0)
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     with LiveServer(tmp_path_factory.mktemp("server")).start() as live:
         yield live
-
-
-@pytest.fixture
-def make_client(tmp_path: Path) -> Iterator[Callable[..., MonitorClient]]:
-    """MonitorClient factory with test defaults; every client is closed at teardown."""
-    clients: list[MonitorClient] = []
-
-    def make(url: str, run_name: str, **kwargs: Any) -> MonitorClient:
-        kwargs.setdefault("spool_dir", tmp_path / "spool" / run_name)
-        kwargs.setdefault("flush_interval", 0.05)
-        kwargs.setdefault("retry", FAST)
-        kwargs.setdefault("timeout", 10.0)
-        kwargs.setdefault("enabled", True)
-        client = MonitorClient(url, run_name, **kwargs)
-        clients.append(client)
-        return client
-
-    yield make
-    for client in clients:
-        client.close(timeout=5)
-    assert not [t for t in threading.enumerate() if t.name == "lldmon-sender"], "close() leaves no thread"
 
 
 def metrics_at(step: int) -> dict[str, float]:

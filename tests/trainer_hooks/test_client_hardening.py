@@ -28,7 +28,6 @@ pytestmark = pytest.mark.timeout(120)
 
 LIMIT = 64 * 1024
 """The test server's body limit (LLDMON_MAX_BODY_BYTES), far below the client's default cap."""
-FAST = RetryPolicy(attempts=3, backoff_base=0.02, backoff_max=0.3, max_retry_after=5.0)
 
 
 @pytest.fixture(scope="module")
@@ -37,24 +36,6 @@ def server(backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[L
     tmp = tmp_path_factory.mktemp(f"server-{backend}")
     with live_server_on(backend, tmp, {"LLDMON_MAX_BODY_BYTES": str(LIMIT)}) as live:
         yield live
-
-
-@pytest.fixture
-def make_client(tmp_path: Path) -> Iterator[Callable[..., MonitorClient]]:
-    clients: list[MonitorClient] = []
-
-    def make(url: str, run_name: str, **kwargs: Any) -> MonitorClient:
-        kwargs.setdefault("spool_dir", tmp_path / "spool" / run_name)
-        kwargs.setdefault("flush_interval", 0.05)
-        kwargs.setdefault("retry", FAST)
-        kwargs.setdefault("enabled", True)
-        client = MonitorClient(url, run_name, **kwargs)
-        clients.append(client)
-        return client
-
-    yield make
-    for client in clients:
-        client.close(timeout=5)
 
 
 class Recorder(httpx.BaseTransport):

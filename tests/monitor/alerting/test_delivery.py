@@ -37,7 +37,7 @@ from monitor.db.migrate import downgrade, upgrade
 from monitor.detector import findings as F
 from monitor.detector.scenarios import Scenario, collapse_scenario, healthy_scenario
 from monitor.telemetry import ServiceMetrics, Snapshot
-from tests.conftest import drop_postgres_database, live_server_on, new_database
+from tests.conftest import live_server_on
 from tests.live_server import blackhole
 
 SECRET = "s3cret"
@@ -405,14 +405,6 @@ def test_import_notify_goes_through_the_configured_sinks_and_records_delivery(
 
 
 # -- migration 0005 -----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def empty_url(backend: str, tmp_path: Path) -> Iterator[str]:
-    url = new_database(backend, tmp_path)
-    yield url
-    if backend == "postgres":
-        drop_postgres_database(url)
 
 
 def test_alert_delivery_migration_up_down_up_with_data(empty_url: str) -> None:
