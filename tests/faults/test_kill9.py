@@ -23,7 +23,8 @@ import pytest
 from contracts import spool
 from tests.faults.delivery import ledger_batches, wait_until_delivered
 from tests.live_server import LiveServer
-from tests.trainer_hooks.test_client import FAST, assert_stored_exactly_once, expected_points, metrics_at
+from tests.trainer_hooks.conftest import FAST
+from tests.trainer_hooks.test_client import assert_stored_exactly_once, expected_points, metrics_at
 from trainer_hooks.client import MonitorClient
 
 pytestmark = [pytest.mark.fault, pytest.mark.timeout(90)]

@@ -16,7 +16,8 @@ from sqlalchemy import create_engine, text
 from tests.faults.delivery import wait_until_delivered
 from tests.faults.postgres import PrivatePostgres, unavailable_reason
 from tests.live_server import LiveServer
-from tests.trainer_hooks.test_client import FAST, expected_points, metrics_at, wire
+from tests.trainer_hooks.conftest import FAST
+from tests.trainer_hooks.test_client import expected_points, metrics_at, wire
 from trainer_hooks.client import MonitorClient
 
 pytestmark = [pytest.mark.fault, pytest.mark.timeout(90)]
