@@ -22,8 +22,9 @@ up at run time (any kind the detector has, today's or a new one):
 1. every collapsing run has a critical finding by its labelled collapse step + `CRITICAL_WITHIN` (5; before
    the label counts too), or by step `EARLY_DEADLINE` (15) for a run labelled at step <= `EARLY_LABEL` (10);
 2. every collapsing run with hook likelihood metrics (`lld/*` columns) has a warning or critical finding at
-   least `WARNING_LEAD` (20) steps before its labelled collapse; only runs labelled at step >= 20 can
-   count, and the check says how many could;
+   least `WARNING_LEAD` (20) steps before its labelled collapse; only runs labelled at step >=
+   `COUNTABLE_FROM` (30) count, so that the warning is due after at least `WARNING_HISTORY` (10) steps of
+   the run (a run labelled at 21 would need it at step 1, from one point), and the check says how many could;
 3. no critical finding on any control.
 Pure apart from reading log files through `monitor.importers` (`labelled_runs`, `real_runs`).
 """
@@ -74,6 +75,11 @@ EARLY_DEADLINE: Final = 15
 """Target 1 for a collapse labelled at step <= `EARLY_LABEL`: a critical finding by step `EARLY_DEADLINE`."""
 WARNING_LEAD: Final = 20
 """Target 2: a warning or critical finding at least this many steps before the labelled collapse."""
+WARNING_HISTORY: Final = 10
+"""Target 2 applies where the warning is due after at least this many steps of the run: a trend needs
+points before it. Project choice."""
+COUNTABLE_FROM: Final = WARNING_LEAD + WARNING_HISTORY
+"""Target 2 counts the collapsing runs with hook metrics labelled at step >= this."""
 HOOK_PREFIX: Final = "lld/"
 """A run with a column under this prefix has the hook likelihood metrics (target 2)."""
 
@@ -203,12 +209,12 @@ class RunReport:
 
     @property
     def early_countable(self) -> bool:
-        """Target 2 applies: a collapsing run with hook metrics labelled at step >= `WARNING_LEAD`."""
+        """Target 2 applies: a collapsing run with hook metrics labelled at step >= `COUNTABLE_FROM`."""
         return (
             self.collapses
             and self.has_hooks
             and self.collapse_step is not None
-            and self.collapse_step >= WARNING_LEAD
+            and self.collapse_step >= COUNTABLE_FROM
         )
 
     @property
@@ -284,7 +290,7 @@ class SourceSummary:
     hooked_collapsing: int = 0
     """Collapsing runs with hook likelihood metrics."""
     early_countable: int = 0
-    """Target 2: of those, the ones labelled at step >= `WARNING_LEAD`."""
+    """Target 2: of those, the ones labelled at step >= `COUNTABLE_FROM`."""
     warned_early: int = 0
     """Target 2: of the countable ones, those warned >= `WARNING_LEAD` steps before the label."""
 
@@ -460,7 +466,7 @@ def check_targets(reports: Sequence[RunReport], source: str = "all") -> list[Tar
             TargetCheck(
                 TARGET_EARLY,
                 f"{len(countable) - len(late)}/{len(countable)} countable "
-                f"({len(hooked) - len(countable)} of {len(hooked)} labelled before step {WARNING_LEAD})",
+                f"({len(hooked) - len(countable)} of {len(hooked)} labelled before step {COUNTABLE_FROM})",
                 "all countable",
                 not late,
                 source,
@@ -576,7 +582,7 @@ def render(report: EvaluationReport, per_run: bool = True) -> str:
     lines.append("lld_decay/lld_collapse finding; lead = crash - alert, > 0 caught before the collapse;")
     lines.append(
         f"critical<=deadline: a critical finding by crash + {CRITICAL_WITHIN} (by step {EARLY_DEADLINE} if crash"
-        f" <= {EARLY_LABEL}); warn>={WARNING_LEAD} before: runs with lld/* metrics labelled >= {WARNING_LEAD}):"
+        f" <= {EARLY_LABEL}); warn>={WARNING_LEAD} before: runs with lld/* metrics labelled >= {COUNTABLE_FROM}):"
     )
     lines += _table(
         [

@@ -157,6 +157,18 @@ class DetectorConfig:
     With `reward_zero_share` of >= 3 values. Lab early regime: 0.27 -> 0.03 within 12 steps."""
     reward_zero_min_peak: float = 0.05
     """The run must first have reached floor + this (absolute) for "reward to 0" to mean anything."""
+    reward_zero_mean_window: int = 10
+    """Second way to "reward to 0", the collapse label's own statistic (`monitor.detector.labels`): the
+    reward's trailing mean over this many steps (labels.WINDOW)..."""
+    reward_zero_hold_steps: int = 4
+    """...has stayed below `reward_zero_level` of the best trailing mean so far (the label's fraction and
+    `reward_zero_min_peak`) at every logged point over at least this many steps..."""
+    reward_zero_hold_points: int = 2
+    """...and at least this many logged points. Lab early regime seed 3 (reward logged every 4 steps,
+    0.27 -> 0.016 at step 13, labelled 13): fires at 17. Controls (27 lab runs, 10 real logs, 40 generated;
+    also thinned to every 10 steps): never. Holding 4 steps is what the sparse lab logging allows (two
+    points 4 steps apart); with every-step logging that is 5 points. Project choice, measured with
+    `benchmarks/detection.py`."""
     length_collapse_ratio: float = 0.25
     """Response-length collapse: recent median < this share of the baseline median."""
     clip_ratio_saturated: float = 0.9
@@ -293,6 +305,7 @@ class DetectorConfig:
             self.plateau_window,
             self.adv_zero_std_window,
             self.reward_zero_window,
+            self.reward_zero_mean_window + self.reward_zero_hold_steps,
             self.entropy_collapse_window,
         )
 

@@ -21,6 +21,7 @@ from monitor.detector.signals import (
     compute,
     recent_median,
     reward_smoothed,
+    reward_trailing_means,
 )
 from monitor.detector.state import DetectorState
 from monitor.detector.types import (
@@ -58,6 +59,13 @@ def _update_peaks(h: History, state: DetectorState, cfg: DetectorConfig) -> None
     if math.isfinite(r) and (state.reward_peak is None or r > state.reward_peak):
         state.reward_peak = r
         state.reward_peak_step = h.step
+    logged, _ = h.logged_now(M.REWARD_MEAN)
+    if logged:
+        steps, means = reward_trailing_means(h, cfg, last=cfg.reward_zero_mean_window + 1)
+        if steps.size and math.isfinite(means[-1]) and steps[-1] == h.steps[-1]:
+            m = float(means[-1])
+            if state.reward_mean_peak is None or m > state.reward_mean_peak:
+                state.reward_mean_peak = m
     e = recent_median(h, M.ENTROPY_MEAN, cfg.entropy_collapse_window, cfg.min_recent_points)
     if math.isfinite(e) and (state.entropy_peak is None or e > state.entropy_peak):
         state.entropy_peak = e

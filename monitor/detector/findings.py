@@ -391,7 +391,7 @@ def outputs_degraded(h: History, cfg: DetectorConfig) -> list[str]:
 
 def terminal_indicators(h: History, cfg: DetectorConfig, state: DetectorState) -> dict[str, Indicator]:
     """Sustained terminal signatures at the current point (non-finite values are handled by latches)."""
-    out: dict[str, Indicator] = {REWARD_ZERO: reward_zero(h, cfg, state.reward_peak)}
+    out: dict[str, Indicator] = {REWARD_ZERO: reward_zero(h, cfg, state.reward_peak, state.reward_mean_peak)}
     base_len = _held_baseline(h, LENGTH_COLLAPSE, M.RESPONSE_LENGTH_MEAN, cfg, state)
     if math.isfinite(base_len) and base_len > 0:
         out[LENGTH_COLLAPSE] = _median_rule(

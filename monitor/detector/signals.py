@@ -343,10 +343,34 @@ def reward_rising(h: History, cfg: DetectorConfig, window: int, name: str = "rew
     )
 
 
-def reward_zero(h: History, cfg: DetectorConfig, peak: float | None) -> Indicator:
+def reward_trailing_means(h: History, cfg: DetectorConfig, last: int = 64) -> tuple[FloatArray, FloatArray]:
+    """(relative steps, trailing means) at the last `last` logged rewards: the mean of the rewards logged
+    in the `reward_zero_mean_window` steps ending at each (the collapse label's statistic, vectorised).
+    Means of the earliest points may miss older values outside the slice; callers read the newest ones."""
+    v = h.get(M.REWARD_MEAN)
+    if v is None:
+        return np.empty(0), np.empty(0)
+    idx = h.finite_index(M.REWARD_MEAN)[-last:]
+    steps, vals = h.steps[idx], v[idx]
+    first = np.searchsorted(steps, steps - cfg.reward_zero_mean_window, side="right")
+    csum = np.concatenate([[0.0], np.cumsum(vals)])
+    ends = np.arange(1, idx.size + 1)
+    return steps, (csum[ends] - csum[first]) / (ends - first)
+
+
+def reward_zero(
+    h: History, cfg: DetectorConfig, peak: float | None, mean_peak: float | None = None
+) -> Indicator:
+    """The reward at the floor of its range, two ways: every recent value at the floor, or (the collapse
+    label's own criterion) its trailing mean held below the floor level of its best trailing mean."""
     name = "reward_zero"
     v = h.get(M.REWARD_MEAN)
-    if v is None or peak is None:
+    if v is None:
+        return off(name, M.REWARD_MEAN)
+    held = _trailing_mean_held(h, cfg, mean_peak)
+    if held is not None:
+        return held
+    if peak is None:
         return off(name, M.REWARD_MEAN)
     floor = cfg.reward_floor
     if peak - floor < cfg.reward_zero_min_peak:
@@ -368,6 +392,43 @@ def reward_zero(h: History, cfg: DetectorConfig, peak: float | None) -> Indicato
             "running_peak": num(peak),
             "recent": num(stats.fast_median(recent)),
             "statistic_is": "share of recent reward values at ~0",
+        },
+    )
+
+
+def _trailing_mean_held(h: History, cfg: DetectorConfig, mean_peak: float | None) -> Indicator | None:
+    """The fired `reward_zero` indicator when the reward's trailing mean has stayed below the floor level
+    of its running peak over the last `reward_zero_hold_steps` steps (>= `reward_zero_hold_points`
+    points), else None. Once below, the peak cannot move, so the run of points below it is exact."""
+    floor = cfg.reward_floor
+    if mean_peak is None or mean_peak - floor < cfg.reward_zero_min_peak:
+        return None
+    steps, means = reward_trailing_means(h, cfg)
+    if steps.size == 0 or steps[-1] != h.steps[-1]:
+        return None  # judged where a reward is logged
+    level = floor + cfg.reward_zero_level * (mean_peak - floor)
+    above = np.flatnonzero(~(means < level))
+    start = int(above[-1]) + 1 if above.size else 0
+    points = steps.size - start
+    if points < max(1, cfg.reward_zero_hold_points):
+        return None
+    held = float(steps[-1] - steps[start])
+    if held < cfg.reward_zero_hold_steps:
+        return None
+    return Indicator(
+        "reward_zero",
+        True,
+        M.REWARD_MEAN,
+        num(float(means[-1])),
+        num(level),
+        cfg.reward_zero_mean_window,
+        {
+            "zero_level": num(level),
+            "running_peak": num(mean_peak),
+            "recent": num(float(means[-1])),
+            "held_steps": int(held),
+            "statistic_is": f"the reward's {cfg.reward_zero_mean_window}-step trailing mean, below "
+            f"{cfg.reward_zero_level:.0%} of its best for {int(held)} steps (the collapse label's criterion)",
         },
     )
 

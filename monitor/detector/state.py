@@ -24,6 +24,9 @@ class DetectorState:
     reward_peak: float | None = None
     """Running peak of the smoothed reward (the window may be truncated, so the peak lives here)."""
     reward_peak_step: int | None = None
+    reward_mean_peak: float | None = None
+    """Running peak of the reward's trailing mean (`DetectorConfig.reward_zero_mean_window` steps), the
+    collapse label's statistic; a state saved before it existed restarts it from the next point."""
     entropy_peak: float | None = None
     """Running peak of the smoothed entropy (entropy-collapse diagnosis)."""
     anchor_peak: float | None = None

@@ -118,13 +118,16 @@ def test_target_2_early_warning_only_counts_runs_with_hooks_labelled_late_enough
     on_time = scored(run("on-time", label=50, hooks=True), (WARNING, 30), (CRITICAL, 52))
     late = scored(run("late", label=50, hooks=True), (WARNING, 31), (CRITICAL, 52))
     early_label = scored(run("early-label", label=15, hooks=True), (CRITICAL, 12))  # not countable
+    # labelled at 29: the warning would be due at step 9, before 10 steps of history (not countable)
+    assert not scored(run("short-history", label=29, hooks=True), (WARNING, 5)).early_countable
+    assert scored(run("enough-history", label=30, hooks=True), (WARNING, 10)).warned_early
     no_hooks = scored(run("no-hooks", label=50), (CRITICAL, 50))  # target 2 does not apply
     assert on_time.has_hooks and not no_hooks.has_hooks
     assert on_time.warned_early and not late.warned_early
     assert not early_label.early_countable and not no_hooks.early_countable
     checks = {t.name: t for t in check_targets([on_time, late, early_label, no_hooks])}
     early = checks[TARGET_EARLY]
-    assert not early.met and early.value == "1/2 countable (1 of 3 labelled before step 20)"
+    assert not early.met and early.value == "1/2 countable (1 of 3 labelled before step 30)"
     assert early.offending == (f"late (label 50, first warning 31 ({WARNING}))",)
     assert checks[TARGET_CRITICAL].met  # every run had its critical finding in time
     only_early_labels = check_targets([early_label])

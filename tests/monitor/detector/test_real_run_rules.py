@@ -269,3 +269,45 @@ def test_thin_keeps_one_value_per_block_like_trl_logging_steps() -> None:
     _, last, _ = thin(steps, {M.REWARD_MEAN: reward}, every=10, how="last")
     assert last[M.REWARD_MEAN][~np.isnan(last[M.REWARD_MEAN])].tolist() == [0.09, 0.17, 0.21]
     assert collapse_step(out_steps, values[M.REWARD_MEAN]) is None
+
+
+def _sparse_reward(rewards: list[float], every: int, n: int) -> tuple[np.ndarray, Series]:
+    """A calm run whose reward is logged every `every` steps (TRL: once per rollout batch)."""
+    values = calm(n)
+    reward = np.full(n, np.nan)
+    reward[1 : 1 + every * len(rewards) : every] = rewards
+    values[M.REWARD_MEAN] = reward
+    return np.arange(n), values
+
+
+def test_reward_zero_on_the_labels_trailing_mean_with_sparse_rewards() -> None:
+    """Lab early regime seed 3 (reward every 4 steps: 0.27, 0.08, 0.06, 0.016, 0.03, 0.06, 0.016, 0, ...):
+    labelled at 13, the old rule (every value of 10 steps at the floor) fired at 33, after the 0.06 at
+    21. The label's statistic held below 20 % of its best for two points 4 steps apart fires at 17."""
+    rewards = [0.27, 0.08, 0.06, 0.016, 0.03, 0.06, 0.016, 0.0, 0.03, 0.016, 0.03, 0.03]
+    steps, values = _sparse_reward(rewards, 4, 50)
+    assert collapse_step(steps, values[M.REWARD_MEAN]) == 13
+    result = run(values, steps)
+    assert first(result, REWARD_ZERO) == 17
+    evidence = next(f for f in result.findings if f.kind == REWARD_ZERO).evidence
+    assert evidence["held_steps"] == 4 and "trailing mean" in evidence["statistic_is"]
+    assert evidence["running_peak"] == pytest.approx(0.27)
+
+
+def test_reward_zero_trailing_mean_needs_the_hold_not_one_point() -> None:
+    """One trailing mean below the level is not enough; a recovery above it resets the hold."""
+    dip_then_back = [0.3, 0.3, 0.3, 0.02, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3]
+    steps, values = _sparse_reward(dip_then_back, 10, 110)  # each trailing mean is one value
+    assert REWARD_ZERO not in run(values, steps).kinds()
+    dense = calm(80)
+    dense[M.REWARD_MEAN][40:44] = 0.0  # 4 points: means fall, then the 0.6s come back
+    assert REWARD_ZERO not in run(dense).kinds()
+
+
+def test_reward_zero_trailing_mean_every_step_needs_five_points() -> None:
+    values = calm(120)
+    values[M.REWARD_MEAN][60:] = 0.0
+    result = run(values)
+    # the 10-step mean of 0.6-level rewards falls below 0.12 once 9 of 10 values are 0 (step 68), held
+    # over 4 steps -> 72; the all-values rule needs all of 10 steps (69) and comes first
+    assert 60 < first(result, REWARD_ZERO) <= 72  # type: ignore[operator]
