@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
+import orjson
 import psycopg
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -239,6 +241,44 @@ class CpuMeter:
 # --- database checks ------------------------------------------------------------------------------
 
 
+ACTION_COUNTS = {
+    # Per-step blocks (revision 0007): a block's n_records is its record count (kept after pruning).
+    "action_blocks": "SELECT r.name, b.step, sum(b.n_records) FROM action_blocks b "
+    "JOIN runs r ON r.id = b.run_id GROUP BY r.name, b.step",
+    # One row per record (revisions 0001-0006).
+    "action_records": "SELECT r.name, a.step, count(*) FROM action_records a JOIN runs r ON r.id = a.run_id "
+    "GROUP BY r.name, a.step",
+}
+
+
+def action_table(conn: psycopg.Connection[Any]) -> str:
+    """Where this schema keeps action records: `action_blocks`, or the older `action_records` rows."""
+    row = conn.execute("SELECT to_regclass('action_blocks') IS NOT NULL").fetchone()
+    return "action_blocks" if row and row[0] else "action_records"
+
+
+def check_last_blocks(conn: psycopg.Connection[Any], runs: list[SimRun]) -> tuple[int, int]:
+    """(blocks decoded, blocks whose columns differ from what was sent): the newest block of each run,
+    decoded with the service's codec (a block's bytes are opaque to SQL)."""
+    from monitor.store.action_codec import ACTION_FIELDS, decode_block
+
+    rows = conn.execute(
+        "SELECT DISTINCT ON (r.name) r.name, b.payload FROM action_blocks b JOIN runs r ON r.id = b.run_id "
+        "WHERE b.payload IS NOT NULL ORDER BY r.name, b.step DESC, b.source"
+    ).fetchall()
+    by_name = {r.name: r for r in runs}
+    wrong = 0
+    for name, payload in rows:
+        sent = orjson.loads(b"{" + by_name[str(name)].actions_tail[1:])  # the step's columns as sent
+        block = decode_block(bytes(payload))
+        for field_ in ACTION_FIELDS:
+            got, want = np.asarray(getattr(block, field_)), np.asarray(sent[field_])
+            if not np.array_equal(got, want, equal_nan=got.dtype.kind == "f"):
+                wrong += 1
+                break
+    return len(rows), wrong
+
+
 def check_database(
     db_url: str, runs: list[SimRun], steps: dict[str, range], action_steps: dict[str, range], sent: Sent
 ) -> dict[str, Any]:
@@ -249,10 +289,9 @@ def check_database(
         metric_rows = conn.execute(
             "SELECT r.name, m.name, m.step, m.value FROM step_metrics m JOIN runs r ON r.id = m.run_id"
         ).fetchall()
-        action_counts = conn.execute(
-            "SELECT r.name, a.step, count(*) FROM action_records a JOIN runs r ON r.id = a.run_id "
-            "GROUP BY r.name, a.step"
-        ).fetchall()
+        table = action_table(conn)
+        action_counts = conn.execute(ACTION_COUNTS[table]).fetchall()
+        blocks_checked, blocks_wrong = check_last_blocks(conn, runs) if table == "action_blocks" else (0, 0)
         ledger = conn.execute("SELECT kind, count(*) FROM ingest_batches GROUP BY kind").fetchall()
     stored: dict[tuple[str, str, int], float | None] = {}
     duplicated = 0
@@ -291,10 +330,12 @@ def check_database(
         "action_rows_stored": sum(actions.values()),
         "action_rows_acknowledged": sent.action_rows,
         "action_steps_mismatched": len(action_mismatch),
+        "action_blocks_decoded": blocks_checked,
+        "action_blocks_wrong": blocks_wrong,
         "ledger_batches": ledger_counts,
         "batches_acknowledged": {"metrics": sent.metric_batches, "actions": sent.action_batches},
         "retries": len(sent.retries),
-        "ok": not (lost or extra or wrong or duplicated or action_mismatch)
+        "ok": not (lost or extra or wrong or duplicated or action_mismatch or blocks_wrong)
         and len(stored) == sent.metric_rows
         and sum(actions.values()) == sent.action_rows
         and ledger_counts.get("metrics", 0) == sent.metric_batches

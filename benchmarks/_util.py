@@ -173,3 +173,17 @@ class LldmonServer(ServerProcess):
         super().__init__(
             [*lldmon_command(), "serve", *args, "--port", str(port)], port, log_path, ready_timeout
         )
+
+
+def bench_run(url: str, name: str) -> int:
+    """A run (project "bench") created directly in the database at `url`: the id the raw-COPY
+    baselines write under, without the service."""
+    from monitor.db.engine import make_engine
+    from monitor.store import runs as run_store
+
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        project_id = run_store.get_or_create_project(conn, "bench")
+        run, _ = run_store.create_run(conn, project_id, name, {}, [])
+    engine.dispose()
+    return int(run.id)

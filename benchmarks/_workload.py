@@ -111,23 +111,49 @@ def _series(index: int, n_steps: int) -> tuple[str, dict[str, list[float | str |
     return scenario.kind, out
 
 
+def search_r1_actions(n: int, seed: int) -> dict[str, np.ndarray]:
+    """One step's `n` action records shaped like Search-R1 with lldmon's hooks, as numpy columns.
+
+    Trajectories of 1-7 actions (about 4 on average: search calls then the answer, the last action of
+    a trajectory is the answer), sorted by (traj_index, action_index); advantage and reward constant
+    within a trajectory (GRPO's group-normalised advantage, exact-match reward 1 where it is positive).
+    Float columns are float32 *values* held in float64: the hooks compute in float32 and send
+    `tensor.tolist()`, whose doubles are exactly float32 numbers, so a store may keep them as float32
+    without loss. Rounded decimals (0.12345) would not be float32-exact and would misrepresent the data
+    a columnar store gets (and what it can save). Never JSON-encode the float32 arrays themselves:
+    orjson writes a float32 by its shortest float32 repr, which parses back to a different double.
+    """
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 8, size=max(n, 1))  # mean 4
+    ends = np.cumsum(lengths)
+    k = int(np.searchsorted(ends, n)) + 1 if n > 0 else 0
+    lengths = lengths[:k].copy()
+    if k:
+        lengths[-1] -= int(ends[k - 1]) - n  # the last trajectory ends at record n
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)  # first record of each record's trajectory
+    traj_index = np.repeat(np.arange(k, dtype=np.int64), lengths)
+    action_index = np.arange(n, dtype=np.int64) - starts
+    advantage = rng.standard_normal(k).astype(np.float32)
+    return {
+        "traj_index": traj_index,
+        "action_index": action_index,
+        "n_tokens": rng.integers(20, 120, n),
+        "delta": rng.normal(-0.02, 0.3, n).astype(np.float32).astype(np.float64),
+        "old_logp_mean": (-rng.uniform(0.05, 2.5, n)).astype(np.float32).astype(np.float64),
+        "advantage": np.repeat(advantage, lengths).astype(np.float64),
+        "reward": np.repeat((advantage > 0).astype(np.float64), lengths),
+        "is_answer": action_index == np.repeat(lengths - 1, lengths),
+    }
+
+
+def actions_json(columns: dict[str, np.ndarray]) -> dict[str, list[int] | list[float] | list[bool]]:
+    """Numpy action columns as the JSON lists the hooks send (`.tolist()`: exact doubles, plain ints)."""
+    return {name: column.tolist() for name, column in columns.items()}
+
+
 def _actions_tail(index: int, n: int) -> bytes:
     """All action columns but `batch_id` and `step`, JSON-encoded once per run."""
-    rng = np.random.default_rng(10_000 + index)
-    advantage = np.round(rng.standard_normal(n // 3 + 1), 4)
-    body = orjson.dumps(
-        {
-            "traj_index": [i // 3 for i in range(n)],
-            "action_index": [i % 3 for i in range(n)],
-            "n_tokens": rng.integers(20, 120, n).tolist(),
-            "delta": np.round(rng.normal(-0.02, 0.3, n), 5).tolist(),
-            "old_logp_mean": np.round(-rng.uniform(0.05, 2.5, n), 5).tolist(),
-            "advantage": [float(advantage[i // 3]) for i in range(n)],
-            "reward": [float(advantage[i // 3] > 0) for i in range(n)],
-            "is_answer": [i % 3 == 2 for i in range(n)],
-            "source": ["loss"] * n,
-        }
-    )
+    body = orjson.dumps(actions_json(search_r1_actions(n, 10_000 + index)) | {"source": ["loss"] * n})
     return b"," + body[1:]  # '{"traj_index":...}' -> ',"traj_index":...}'
 
 

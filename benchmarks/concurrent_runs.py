@@ -321,7 +321,13 @@ def print_report(result: dict[str, Any]) -> None:
     print(
         f"  correctness: metric rows stored {c['metric_rows_stored']:,} == acknowledged {c['metric_rows_acknowledged']:,} "
         f"(lost {c['metric_rows_lost']}, unexpected {c['metric_rows_unexpected']}, wrong values {c['metric_values_wrong']}); "
-        f"action rows stored {c['action_rows_stored']:,} == acknowledged {c['action_rows_acknowledged']:,}; "
+        f"action rows stored {c['action_rows_stored']:,} == acknowledged {c['action_rows_acknowledged']:,}"
+        + (
+            f" ({c['action_blocks_decoded']} newest blocks decoded, {c['action_blocks_wrong']} differ from what was sent)"
+            if c.get("action_blocks_decoded")
+            else ""
+        )
+        + "; "
         f"{c['phase_events']} phase events ({', '.join(c['phases_seen'])}), {c['alerts']} alerts -> "
         f"{'OK' if c['ok'] else 'MISMATCH'}"
     )

@@ -14,8 +14,10 @@ encoding Dash applies to its outputs, over `--reps` calls after one warm-up call
 * ``refresh_idle``   live refresh tick of all panels with nothing new (the steady state of an open page)
 * ``refresh_10``     live refresh with 10 new steps (Patch objects extending the traces)
 * ``run_summary``    header, directive status, alerts/events timeline
-* ``actions_100``    action-delta histogram + quantile bands over the last 100 steps
-* ``actions_500``    the same over the last 500 steps (64,000 action records)
+* ``actions_100``    action-delta histogram (one step's block decoded) + quantile bands over the last
+                     100 steps (the per-step summaries stored with the blocks: no record decoded)
+* ``actions_500``    the same over the last 500 steps (64,000 action records; the row-per-record
+                     reader cut this window to the newest ~195 steps by a 25,000-row budget)
 * ``runs_table``     runs list (21 runs, open-alert counts)
 * ``compare_opts``   compare page: notes and the metric choices of 2 runs
 * ``compare_graph``  compare page, one graph (one callback per metric): grad/norm of 2 runs

@@ -96,15 +96,7 @@ Send = Callable[[Any], int]
 
 class CopyMode:
     def __init__(self, url: str, workload: Workload) -> None:
-        from monitor.db.engine import make_engine
-        from monitor.store import runs as run_store
-
-        engine = make_engine(url)
-        with engine.begin() as conn:
-            project_id = run_store.get_or_create_project(conn, "bench")
-            run, _ = run_store.create_run(conn, project_id, "copy", {}, [])
-        engine.dispose()
-        self.run_id = run.id
+        self.run_id = _util.bench_run(url, "copy")
         self.workload = workload
         self.conn = psycopg.connect(_util.libpq_conninfo(url), autocommit=True)
 

@@ -3,6 +3,8 @@
 Benchmarks (each writes its own JSON summary, which is embedded in `results.json`):
 
 * ``ingest``           raw COPY vs lldmon over HTTP into PostgreSQL and SQLite vs the MLflow server
+* ``actions``          action records: API ingest vs raw row COPY vs MLflow (values/s), disk bytes per
+                       record (PostgreSQL, SQLite; service storage and the old row layout), read latency
 * ``concurrent_runs``  50 runs streaming at 1 step/s each to one `lldmon serve` (with --confirm)
 * ``scale``            one vs two `lldmon serve` processes on one PostgreSQL database
 * ``detection``        detector quality on generated + real runs, and its cost per step
@@ -67,6 +69,16 @@ BENCHES = (
         "--out",
         (),
         ("--rounds", "1", "--batches", "2", "--warmup", "1", "--mlflow-batches", "1", "--batch-rows", "1000"),
+        True,
+        1800,
+    ),
+    Bench(
+        "actions",
+        "action records (Search-R1-shaped steps): API ingest vs raw row COPY vs MLflow, disk bytes per record, reads",
+        "benchmarks.actions",
+        "--json",
+        (),
+        ("--quick",),
         True,
         1800,
     ),
@@ -272,6 +284,43 @@ def _ingest(s: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def _actions(s: dict[str, Any]) -> str:
+    m, ratios, disk = s["ingest"]["modes"], s["ingest"]["ratios"], s["disk"]
+    api = m["api-pg"]
+    parts = [
+        f"storage {s['environment']['storage']}, {s['workload']['records_per_step']:,} records/step: "
+        f"API -> PostgreSQL {api['values_per_s_median']:,} values/s ({api['records_per_s_median']:,} records/s) = "
+        f"**{ratios['api-pg/copy']:.2f}x raw row COPY** (target >= 1.0x; paired {ratios['api-pg/copy paired']:.2f}x)"
+    ]
+    if "api-pg/mlflow" in ratios:
+        parts.append(
+            f"**{ratios['api-pg/mlflow']:.0f}x MLflow** (target >= 30x; MLflow {m['mlflow']['values_per_s_median']:,} values/s)"
+        )
+    elif "skipped" in s.get("mlflow", {}):
+        parts.append(f"MLflow skipped: {s['mlflow']['skipped']}")
+    pg = disk["postgresql"]
+    text = (
+        f"PostgreSQL **{pg['service']['bytes_per_record']} B/record** (target <= 24; old row layout "
+        f"{pg['old_row_layout_copy']['bytes_per_record']} B)"
+    )
+    if "sqlite" in disk:
+        sq = disk["sqlite"]
+        text += f", SQLite {sq['service']['bytes_per_record']} B (old {sq['old_row_layout']['bytes_per_record']} B)"
+    parts.append(text)
+    for backend, r in s["read"].items():
+        reads = [f"one step {r['one_step_http']['median_ms']:.0f} ms"]
+        if "summaries" in r:
+            reads.append(
+                f"quantiles over {r['steps']} steps (summaries) {r['summaries']['median_ms']:.0f} ms"
+            )
+        reads.append(f"full read of {r['steps']} steps {r['full_read_quantiles']['median_ms']:.0f} ms")
+        if "dashboard_panel" in r:
+            p = r["dashboard_panel"]
+            reads.append(f"dashboard panel {p['median_ms']:.0f} ms ({p['steps_covered']} steps)")
+        parts.append(f"{backend} reads: " + ", ".join(reads))
+    return "; ".join(parts)
+
+
 def _concurrent(s: dict[str, Any]) -> str:
     st, lat, det, cpu = s["steps"], s["latency_client"], s["detector_per_step"], s["cpu_share_of_machine"]
     a = s["args"]
@@ -283,6 +332,12 @@ def _concurrent(s: dict[str, Any]) -> str:
         f"detector {det['mean_ms']} ms mean per step (p99 <= {det['p99_le_ms']} ms); CPU server {cpu['server']:.0%}, "
         f"PostgreSQL {cpu['postgres']:.0%}, client {cpu['client']:.0%} of the machine"
     )
+    per_step = s.get("cpu_ms_per_step")
+    if per_step:
+        text += (
+            f" (CPU per step: server {per_step['server']} ms, PostgreSQL {per_step['postgres']} ms, "
+            f"client {per_step['client']} ms)"
+        )
     for t in s.get("trials", [])[1:]:
         text += (
             f"; confirm run {t['runs']} runs: achieved {t['achieved_steps_per_s']:.1f} steps/s, "
@@ -366,6 +421,7 @@ def _importing(s: dict[str, Any]) -> str:
 
 FIGURES: dict[str, Callable[[dict[str, Any]], str]] = {
     "ingest": _ingest,
+    "actions": _actions,
     "concurrent_runs": _concurrent,
     "scale": _scale,
     "detection": _detection,

@@ -47,13 +47,15 @@ from monitor.detector.explain import (
     explain_finding,
     explain_phase_change,
 )
-from monitor.domain import AlertInfo, DirectiveInfo, PhaseEventInfo, Series
+from monitor.domain import ActionSummaries, AlertInfo, DirectiveInfo, PhaseEventInfo, Series
 
 PANEL_HEIGHT = 270
 ACTION_HEIGHT = PANEL_HEIGHT + 30
 COMPARE_HEIGHT = PANEL_HEIGHT + 20
 MARKER_TRACE_NAME = "events"
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
+"""Levels of the action-delta bands: the service's summary levels (`ActionSummaries.levels`, stored with
+each action block; the dashboard reads them from the summaries, never from the store)."""
 HOVER_LINES = 8
 """Explanation lines in a marker's hover label (the timeline shows them all)."""
 
@@ -541,9 +543,18 @@ def delta_histogram(columns: Mapping[str, Sequence[Any]], step: int | None) -> F
     )
 
 
+PRUNED_TEXT = "raw records pruned by retention; quantiles kept"
+
+
+def pruned_histogram(step: int) -> Figure:
+    """The histogram's place at a step whose raw records retention dropped (its summary is kept)."""
+    return empty_figure(PRUNED_TEXT, title=f"Action deltas D_action at step {step}", height=ACTION_HEIGHT)
+
+
 def delta_quantiles(columns: Mapping[str, Sequence[Any]], positive_only: bool = True) -> Figure:
-    """How the D_action distribution shifts over steps: median, 25-75 % and 10-90 % bands per step."""
-    title = "D_action quantiles over steps" + (" (A>0 actions)" if positive_only else "")
+    """How the D_action distribution shifts over steps: median, 25-75 % and 10-90 % bands per step,
+    computed from raw records (the run page reads precomputed summaries: `summary_quantiles`)."""
+    title = _quantiles_title(positive_only)
     frame = pd.DataFrame(
         {
             "step": np.asarray(columns.get("step", []), dtype=np.int64),
@@ -556,14 +567,63 @@ def delta_quantiles(columns: Mapping[str, Sequence[Any]], positive_only: bool = 
     if frame.empty:
         return empty_figure("no action records in this window", title=title, height=ACTION_HEIGHT)
     q = frame.groupby("step")["delta"].quantile(list(QUANTILES)).unstack()
-    x = q.index.to_numpy().tolist()
+    return _quantile_bands(q.index.to_numpy(), q[list(QUANTILES)].to_numpy(), title)
+
+
+def summary_quantiles(summaries: ActionSummaries, positive_only: bool = True) -> Figure:
+    """`delta_quantiles` from the per-step summaries stored with each action block: the same bands
+    for any window length (no raw record is read) and for steps whose raw records were pruned.
+
+    With both sources in the window (source "all"), each gets its own bands: the probe's exact deltas
+    and the loss's cross-mini-batch proxy are different quantities, and their pooled quantiles are not
+    stored (nor recoverable from the two sets)."""
+    title = _quantiles_title(positive_only)
+    levels = np.asarray(summaries.levels, dtype=np.float64)
+    steps = np.asarray(summaries.steps, dtype=np.int64)
+    sources = np.asarray(summaries.sources, dtype=object)
+    counts = np.asarray(summaries.n_pos if positive_only else summaries.n_all, dtype=np.int64)
+    rows = summaries.q_pos if positive_only else summaries.q_all
+    q = np.asarray(rows, dtype=np.float64).reshape(len(steps), len(levels))
+    keep = (counts > 0) & np.isfinite(q).all(axis=1)
+    steps, sources, q = steps[keep], sources[keep], q[keep]
+    if not steps.size:
+        return empty_figure("no action records in this window", title=title, height=ACTION_HEIGHT)
+    wanted = [int(np.argmin(np.abs(levels - level))) for level in QUANTILES]
+    present = sorted(set(sources.tolist()))
+    traces: list[dict[str, Any]] = []
+    for i, source in enumerate(present):
+        mine = sources == source
+        order = np.argsort(steps[mine], kind="stable")
+        prefix = f"{source} " if len(present) > 1 else ""
+        traces += _band_traces(steps[mine][order], q[mine][order][:, wanted], prefix, i)
+    return _quantile_figure(traces, title)
+
+
+def _quantiles_title(positive_only: bool) -> str:
+    return "D_action quantiles over steps" + (" (A>0 actions)" if positive_only else "")
+
+
+def _quantile_bands(steps: npt.NDArray[np.int64], q: npt.NDArray[np.float64], title: str) -> Figure:
+    """Bands p10-p90 and p25-p75 and the median line; `q` has one column per level of QUANTILES."""
+    return _quantile_figure(_band_traces(steps, q, "", 0), title)
+
+
+_BAND_RGB = ("31,119,180", "255,127,14")
+
+
+def _band_traces(
+    steps: npt.NDArray[np.int64], q: npt.NDArray[np.float64], prefix: str, color: int
+) -> list[dict[str, Any]]:
+    x = steps.tolist()
+    column = {level: q[:, j].tolist() for j, level in enumerate(QUANTILES)}
+    rgb = _BAND_RGB[color % len(_BAND_RGB)]
     traces: list[dict[str, Any]] = []
     for lo, hi, alpha in ((0.1, 0.9, 0.15), (0.25, 0.75, 0.3)):
         traces.append(
             {
                 "type": "scatter",
                 "x": x,
-                "y": q[hi].to_numpy().tolist(),
+                "y": column[hi],
                 "mode": "lines",
                 "line": {"width": 0},
                 "showlegend": False,
@@ -574,12 +634,12 @@ def delta_quantiles(columns: Mapping[str, Sequence[Any]], positive_only: bool = 
             {
                 "type": "scatter",
                 "x": x,
-                "y": q[lo].to_numpy().tolist(),
+                "y": column[lo],
                 "mode": "lines",
                 "line": {"width": 0},
                 "fill": "tonexty",
-                "fillcolor": f"rgba(31,119,180,{alpha})",
-                "name": f"p{round(lo * 100)}-p{round(hi * 100)}",
+                "fillcolor": f"rgba({rgb},{alpha})",
+                "name": f"{prefix}p{round(lo * 100)}-p{round(hi * 100)}",
                 "hoverinfo": "skip",
             }
         )
@@ -587,13 +647,17 @@ def delta_quantiles(columns: Mapping[str, Sequence[Any]], positive_only: bool = 
         {
             "type": "scatter",
             "x": x,
-            "y": q[0.5].to_numpy().tolist(),
+            "y": column[0.5],
             "mode": "lines+markers" if len(x) < 60 else "lines",
-            "name": "median",
-            "line": {"color": SERIES_COLORS[0], "width": 2},
-            "hovertemplate": "step %{x}: median %{y:.4g}<extra></extra>",
+            "name": f"{prefix}median",
+            "line": {"color": SERIES_COLORS[0] if color == 0 else f"rgb({rgb})", "width": 2},
+            "hovertemplate": f"{esc(prefix)}step %{{x}}: median %{{y:.4g}}<extra></extra>",
         }
     )
+    return traces
+
+
+def _quantile_figure(traces: list[dict[str, Any]], title: str) -> Figure:
     return _figure(
         traces,
         {

@@ -7,6 +7,7 @@ from sqlalchemy import engine_from_config, pool
 
 from monitor.db import models  # noqa: F401  (registers the tables on Base.metadata)
 from monitor.db.base import Base
+from monitor.db.partitioning import is_partition_name
 
 config = context.config
 target_metadata = Base.metadata
@@ -30,6 +31,8 @@ def _run(connection: object) -> None:
         target_metadata=target_metadata,
         render_as_batch=connection.dialect.name == "sqlite",  # type: ignore[attr-defined]
         compare_type=True,
+        # the hash partitions `lldmon db partition` creates are not models: autogenerate leaves them alone
+        include_name=lambda name, kind, _parent: not (kind == "table" and is_partition_name(str(name))),
     )
     with context.begin_transaction():
         context.run_migrations()

@@ -25,6 +25,7 @@ from monitor.services.directives import DirectiveService, rule_from
 from monitor.services.ingest import IngestService
 from monitor.services.liveness import LivenessService
 from monitor.services.query import QueryService
+from monitor.services.retention import RetentionService
 from monitor.services.runs import RunService
 from monitor.store import Database
 from monitor.store import alerts as alert_store
@@ -54,6 +55,7 @@ class Services:
     detection: DetectionService
     alerts: AlertService
     liveness: LivenessService
+    retention: RetentionService
     dispatcher: Dispatcher
 
     def close(self) -> None:
@@ -137,5 +139,6 @@ def assemble_services(
         detection=detection,
         alerts=alerts,
         liveness=LivenessService(db, runs, alerts, settings),
+        retention=RetentionService(db, runs),
         dispatcher=dispatcher,
     )

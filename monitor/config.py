@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+from datetime import timedelta
 from pathlib import Path
-from typing import Literal
+from typing import Any, Final, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.directive import DEFAULT_LLDS_LAMBDA
@@ -14,6 +16,22 @@ DEFAULT_DATA_DIR = Path.home() / ".lldmon"
 Severity = Literal["info", "warning", "critical"]
 """contracts.alerts.SEVERITIES (a test checks they agree)."""
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+
+DURATION_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+MAX_DURATION: Final = timedelta(days=36500)
+"""A century: longer retention is surely a unit mistake (and `now - it` would leave the calendar)."""
+_DURATION = re.compile(r"\s*(\d{1,9})\s*([smhdw])\s*")
+
+
+def parse_duration(text: str) -> timedelta:
+    """`30d`, `12h`, `90m`, `45s`, `2w` as a timedelta; ValueError saying what is accepted otherwise."""
+    match = _DURATION.fullmatch(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a duration: a whole number and a unit (s, m, h, d, w), e.g. 30d")
+    duration = timedelta(seconds=int(match[1]) * DURATION_UNITS[match[2]])
+    if not timedelta(0) < duration <= MAX_DURATION:
+        raise ValueError(f"{text!r} must be more than 0 and at most {MAX_DURATION.days}d")
+    return duration
 
 
 class Settings(BaseSettings):
@@ -87,6 +105,27 @@ class Settings(BaseSettings):
     crash_after_factor: float = Field(
         default=4.0, gt=1, description="Default crash threshold: this times the stall threshold."
     )
+
+    # Retention (issue 17): raw action records older than this lose their payload; per-step quantile
+    # summaries stay. Checked at start-up and then every `actions_prune_seconds` by each server process.
+    actions_retention: timedelta | None = Field(
+        default=None,
+        description="Keep raw action records this long (e.g. 30d, 12h, 90m); unset: forever. Pruned "
+        "steps keep their per-step delta quantiles.",
+    )
+    actions_prune_seconds: float = Field(
+        default=3600.0, gt=0, description="How often the server prunes by `actions_retention`."
+    )
+
+    @field_validator("actions_retention", mode="before")
+    @classmethod
+    def _retention(cls, value: Any) -> Any:
+        """`30d` style (like `lldmon db prune --actions-older-than`); empty means unset."""
+        if isinstance(value, str):
+            return parse_duration(value) if value.strip() else None
+        if isinstance(value, timedelta) and not timedelta(0) < value <= MAX_DURATION:
+            raise ValueError(f"must be more than 0 and at most {MAX_DURATION.days}d")
+        return value
 
     def resolved_database_url(self) -> str:
         """The URL actually used: the explicit one, or the embedded SQLite file in `data_dir`."""

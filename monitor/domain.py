@@ -83,6 +83,27 @@ class ActionColumns:
 
 
 @dataclass(frozen=True)
+class ActionSummaries:
+    """Per-(step, source) quantiles of the action deltas, precomputed when the block was written and
+    kept when retention prunes its records: the dashboard's quantiles-over-steps panel reads only these.
+    Lists are parallel, ordered by (step, source); `q_all[i][j]` is the `levels[j]` quantile of the
+    finite deltas of all `n_all[i]` records, `q_pos` of those with advantage > 0 (NaN where n is 0)."""
+
+    steps: list[int]
+    sources: list[str]
+    levels: tuple[float, ...]
+    n_all: list[int]
+    q_all: list[list[float]]
+    n_pos: list[int]
+    q_pos: list[list[float]]
+    pruned: list[bool]
+    """True where the block's records were dropped by retention (its summary remains)."""
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+
+@dataclass(frozen=True)
 class IngestAck:
     batch_id: str
     rows: int

@@ -1,6 +1,8 @@
 """Test databases: every storage/API test runs on SQLite and, with LLDMON_TEST_DATABASE_URL set,
 also on PostgreSQL. Each backend gets a fresh database per test session, migrated to head;
-tables are emptied before every test."""
+tables are emptied before every test. The ingest and query API tests also run on
+"postgres-partitioned" (the large tables hash-partitioned by run_id, docs/scale-out.md) by
+overriding `backend` and `migrated_url` with `ALL_BACKENDS` and `migrated_database`."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ if TYPE_CHECKING:
 
 PG_URL = os.environ.get("LLDMON_TEST_DATABASE_URL")
 BACKENDS = ["sqlite"] + (["postgres"] if PG_URL else [])
+ALL_BACKENDS = BACKENDS + (["postgres-partitioned"] if PG_URL else [])
+PARTITIONED_MODULUS = 4
 
 
 def fresh_postgres_database(base_url: str) -> str:
@@ -50,9 +54,11 @@ def live_server_on(backend: str, tmp_dir: Path, env: dict[str, str] | None = Non
     from tests.live_server import LiveServer
 
     database_url = None
-    if backend == "postgres":
+    if backend != "sqlite":
         database_url = new_database(backend, tmp_dir)
         upgrade(database_url)
+        if backend == "postgres-partitioned":
+            partition(database_url)
     try:
         with LiveServer(tmp_dir / "data", env=env, database_url=database_url).start() as live:
             yield live
@@ -69,6 +75,31 @@ def new_database(backend: str, tmp_dir: Path) -> str:
     return fresh_postgres_database(PG_URL)
 
 
+def partition(database_url: str) -> None:
+    """Hash-partition the large tables of a migrated PostgreSQL database by run_id."""
+    from monitor.db.engine import make_engine
+    from monitor.db.partitioning import partition_by_run
+
+    engine = make_engine(database_url)
+    try:
+        partition_by_run(engine, modulus=PARTITIONED_MODULUS)
+    finally:
+        engine.dispose()
+
+
+def migrated_database(backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A fresh database of `backend` migrated to head (partitioned for "postgres-partitioned")."""
+    from monitor.db.migrate import upgrade
+
+    url = new_database(backend, tmp_path_factory.mktemp(backend))
+    upgrade(url)
+    if backend == "postgres-partitioned":
+        partition(url)
+    yield url
+    if backend != "sqlite":
+        drop_postgres_database(url)
+
+
 @pytest.fixture(scope="session", params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
@@ -76,13 +107,9 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="session")
 def migrated_url(backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from monitor.db.migrate import upgrade
-
-    url = new_database(backend, tmp_path_factory.mktemp(backend))
-    upgrade(url)
-    yield url
-    if backend == "postgres":
-        drop_postgres_database(url)
+    # A module that overrides `backend` must override this too (with `migrated_database`): a session
+    # fixture is cached once, and pytest would otherwise hand it a database of another backend.
+    yield from migrated_database(backend, tmp_path_factory)
 
 
 @pytest.fixture
@@ -90,7 +117,7 @@ def empty_url(backend: str, tmp_path: Path) -> Iterator[str]:
     """A database of `backend` with no schema (migration tests), dropped afterwards."""
     url = new_database(backend, tmp_path)
     yield url
-    if backend == "postgres":
+    if backend != "sqlite":
         drop_postgres_database(url)
 
 

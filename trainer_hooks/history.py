@@ -1,10 +1,12 @@
-"""A run's metric history as a pandas DataFrame, read over the HTTP API (for notebooks).
+"""A run's metric history and action records as pandas DataFrames, read over the HTTP API (for notebooks).
 
-    from trainer_hooks.history import fetch_metrics, fetch_runs
+    from trainer_hooks.history import fetch_actions, fetch_action_summaries, fetch_metrics, fetch_runs
 
     runs = fetch_runs("http://lldmon:8000", project="nq", token="lldm_...")
     df = fetch_metrics("http://lldmon:8000", "grpo-3b-nq", project="nq", token="lldm_...")
     df[["lld/logp_pos", "reward/mean"]].plot()
+    acts = fetch_actions("http://lldmon:8000", "grpo-3b-nq", project="nq", step_min=100, source="loss")
+    acts[acts.advantage > 0].groupby("step").delta.median().plot()
 
 Needs only httpx (a base dependency of lldmon) and pandas, imported when first called; it never
 imports the service stack, so `pip install lldmon pandas` is enough on a laptop.
@@ -15,6 +17,10 @@ NaN as well (pandas has no separate "missing" in a float64 column; `lldmon expor
 keeps the two apart). Long histories are read in pages of consecutive step windows of about
 `page_points` values each, so neither side builds one huge response; the pages are disjoint and
 cover the whole step range, so nothing is read twice or skipped.
+
+`fetch_actions` returns one row per action record (the columns of `lldmon export --actions`), read
+in pages of whole steps of about `page_records` records; `fetch_action_summaries` the per-step delta
+quantiles the service stores with each step's records (kept when retention prunes the records).
 """
 
 from __future__ import annotations
@@ -31,11 +37,37 @@ from contracts.wire import API_PREFIX, decode_float
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["AccessDenied", "HistoryError", "RunNotFound", "fetch_metrics", "fetch_runs", "resolve_run"]
+__all__ = [
+    "AccessDenied",
+    "HistoryError",
+    "RunNotFound",
+    "fetch_action_summaries",
+    "fetch_actions",
+    "fetch_metrics",
+    "fetch_runs",
+    "resolve_run",
+]
 
 DEFAULT_PAGE_POINTS = 200_000
 """Values per metrics request (a 10,000-step run with 30 metrics is 1.5 requests)."""
 _RUNS_PAGE = 1000  # the API's largest `limit`
+MAX_PAGE_RECORDS = 200_000
+"""The largest `limit` of GET /runs/{id}/actions."""
+DEFAULT_PAGE_RECORDS = 100_000
+"""Action records per request (about 40 Search-R1 steps of 2,560 records)."""
+ACTION_DTYPES: dict[str, str] = {
+    "step": "int64",
+    "source": "object",
+    "traj_index": "int64",
+    "action_index": "int64",
+    "n_tokens": "int64",
+    "delta": "float64",
+    "old_logp_mean": "float64",
+    "advantage": "float64",
+    "reward": "float64",
+    "is_answer": "bool",
+}
+_MAX_STEP = 2**63 - 1
 
 
 class HistoryError(RuntimeError):
@@ -105,6 +137,132 @@ def fetch_metrics(
     frame.index.name = "step"
     frame.attrs["run_id"] = run_id
     return frame
+
+
+def fetch_actions(
+    base_url: str,
+    run: int | str,
+    *,
+    token: str | None = None,
+    project: str | None = None,
+    step_min: int | None = None,
+    step_max: int | None = None,
+    source: str | None = None,
+    page_records: int = DEFAULT_PAGE_RECORDS,
+    timeout: float = 60.0,
+    transport: httpx.BaseTransport | None = None,
+) -> pd.DataFrame:
+    """Action records of `run`, one row each, ordered by (step, source, traj_index, action_index).
+
+    Columns: step, source ("loss" or "probe"), traj_index, action_index, n_tokens, delta,
+    old_logp_mean, advantage, reward (float64: NaN and +-inf as logged), is_answer (bool). `source`
+    keeps one source (default: both). Steps whose raw records retention pruned have no rows (their
+    quantiles: `fetch_action_summaries`). Raises RunNotFound, AccessDenied or HistoryError.
+
+    Each request starts at the first step not yet read; a full page may end inside a step, whose
+    records are then read again with the next page (never kept twice); a step with more records than
+    a page is read alone.
+    """
+    pd = _pandas()
+    if not 1 <= page_records <= MAX_PAGE_RECORDS:
+        raise ValueError(f"page_records must be in 1..{MAX_PAGE_RECORDS}, got {page_records}")
+    if source not in (None, "loss", "probe"):
+        raise ValueError(f"source must be 'loss', 'probe' or None, got {source!r}")
+    pages: list[dict[str, Any]] = []
+    with _session(base_url, token, timeout, transport) as http:
+        run_id = _resolve(http, run, project)
+
+        def read(lo: int | None, hi: int | None, src: str | None, limit: int) -> dict[str, Any]:
+            params = {"step_min": lo, "step_max": hi, "source": src, "limit": limit}
+            reply = _get(
+                http, f"/runs/{run_id}/actions", params={k: v for k, v in params.items() if v is not None}
+            )
+            return _action_arrays(reply)
+
+        cursor = step_min
+        while step_max is None or cursor is None or cursor <= step_max:
+            page = read(cursor, step_max, source, page_records)
+            steps = page["step"]
+            if len(steps) < page_records:
+                pages.append(page)
+                break
+            last = int(steps[-1])
+            whole = steps < last
+            if whole.any():
+                pages.append({name: column[whole] for name, column in page.items()})
+                cursor = last
+                continue
+            for src in [source] if source is not None else ["loss", "probe"]:  # one step > a page
+                part = read(last, last, src, MAX_PAGE_RECORDS)
+                if len(part["step"]) >= MAX_PAGE_RECORDS:
+                    raise HistoryError(
+                        f"step {last} has more than {MAX_PAGE_RECORDS} {src} action records:"
+                        " too many to read in one request"
+                    )
+                pages.append(part)
+            if last >= _MAX_STEP:
+                break
+            cursor = last + 1
+    np = _numpy()
+    columns = {
+        name: np.concatenate([p[name] for p in pages]) if pages else np.empty(0, dtype=dtype)
+        for name, dtype in ACTION_DTYPES.items()
+    }
+    frame = pd.DataFrame(columns).astype(ACTION_DTYPES)
+    frame.attrs["run_id"] = run_id
+    return frame
+
+
+def fetch_action_summaries(
+    base_url: str,
+    run: int | str,
+    *,
+    token: str | None = None,
+    project: str | None = None,
+    step_min: int | None = None,
+    step_max: int | None = None,
+    source: str | None = None,
+    timeout: float = 60.0,
+    transport: httpx.BaseTransport | None = None,
+) -> pd.DataFrame:
+    """Per-step quantiles of the action deltas, one row per (step, source), also for pruned steps.
+
+    Columns: step, source, pruned (the raw records were dropped by retention), n_all (records with a
+    finite delta), all_p10 ... all_p90 (their delta quantiles at the service's levels, NaN when none),
+    n_pos, pos_p10 ... pos_p90 (the same over records with advantage > 0). One request: a step is one
+    small row whatever it logged.
+    """
+    pd = _pandas()
+    np = _numpy()
+    if source not in (None, "loss", "probe"):
+        raise ValueError(f"source must be 'loss', 'probe' or None, got {source!r}")
+    with _session(base_url, token, timeout, transport) as http:
+        run_id = _resolve(http, run, project)
+        params = {"step_min": step_min, "step_max": step_max, "source": source}
+        body = _get(
+            http, f"/runs/{run_id}/actions/summary", {k: v for k, v in params.items() if v is not None}
+        )
+    levels = [float(level) for level in body["levels"]]
+    names = [f"p{level * 100:g}" for level in levels]
+    columns: dict[str, Any] = {
+        "step": np.asarray(body["steps"], dtype=np.int64),
+        "source": np.asarray(body["sources"], dtype=object),
+        "pruned": np.asarray(body["pruned"], dtype=bool),
+    }
+    for group in ("all", "pos"):
+        q = np.asarray(body[f"q_{group}"], dtype=np.float64).reshape(len(columns["step"]), len(levels))
+        columns[f"n_{group}"] = np.asarray(body[f"n_{group}"], dtype=np.int64)
+        columns |= {f"{group}_{name}": q[:, j] for j, name in enumerate(names)}
+    frame = pd.DataFrame(columns)
+    frame.attrs["run_id"] = run_id
+    frame.attrs["levels"] = levels
+    return frame
+
+
+def _action_arrays(reply: dict[str, Any]) -> dict[str, Any]:
+    """The API's action columns as numpy arrays (wire strings 'NaN', 'Infinity' -> float)."""
+    np = _numpy()
+    return {name: np.asarray(reply[name], dtype=dtype) for name, dtype in ACTION_DTYPES.items()}
 
 
 def fetch_runs(
@@ -242,6 +400,12 @@ def _error_message(response: httpx.Response) -> str:
     if isinstance(error, dict) and error.get("message"):
         return str(error["message"])
     return f"HTTP {response.status_code}: {response.text[:300]}"
+
+
+def _numpy() -> Any:
+    import numpy  # a dependency of pandas
+
+    return numpy
 
 
 def _pandas() -> Any:

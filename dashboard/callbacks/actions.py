@@ -1,62 +1,39 @@
 """Action-delta distribution: a histogram at the chosen step, and quantile bands over a window of steps.
 
-The window is read newest chunk first under a row budget, so a run that logs many actions per step
-gets a shorter window (said in the figure's title) instead of a slow page. The step box and the window
-are clamped (`dashboard.inputs`): the work of one request is bounded whatever the browser sends.
+The bands come from the per-step quantile summaries stored with each action block
+(`state.query.action_summaries`), so a window of 500 steps costs about what 5 steps cost, whatever the
+run logs per step, and steps whose raw records retention pruned still show. The histogram decodes the
+one step it shows (`state.query.actions`); at a pruned step it says so instead of an empty plot. The
+step box and the window are clamped (`dashboard.inputs`): the work of one request is bounded whatever
+the browser sends.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from dash import Dash, Input, Output
 
 from dashboard import inputs
 from dashboard.auth import current_principal
 from dashboard.callbacks.base import DashContext, error_text
-from dashboard.figures import Figure, action_step, delta_histogram, delta_quantiles, empty_figure
+from dashboard.figures import (
+    Figure,
+    delta_histogram,
+    empty_figure,
+    pruned_histogram,
+    summary_quantiles,
+)
 from monitor.api.state import AppState
-from monitor.domain import Principal
+from monitor.domain import ActionSummaries, Principal
 from monitor.errors import LLDMonError
 
-ROW_BUDGET = 25_000
-"""Action records read for the quantile bands (~0.3 s on SQLite)."""
 CHUNK_STEPS = 25
+"""Steps per read of the former row-storage reader; a figure now reads the window's summaries once
+and one step's records (kept as the bound the hardening test holds the reads to)."""
 STEP_ROW_LIMIT = 50_000
-
-
-def window_actions(
-    state: AppState,
-    principal: Principal,
-    run_id: int,
-    lo: int,
-    hi: int,
-    source: str | None,
-    budget: int = ROW_BUDGET,
-) -> tuple[dict[str, list[Any]], int]:
-    """Action records of steps lo..hi, newest chunks first while within `budget` rows.
-
-    Returns the columns (steps ascending) and the first step fully covered (> lo when the budget ran out).
-    """
-    chunks: list[dict[str, list[Any]]] = []
-    total, first, size = 0, hi + 1, CHUNK_STEPS
-    while hi >= lo and total < budget:
-        chunk_lo = max(lo, hi - size + 1)
-        part = state.query.actions(principal, run_id, chunk_lo, hi, source, budget - total + 1)
-        if len(part["step"]) > budget - total:
-            if chunk_lo == hi:
-                break  # even one more step would overflow the budget
-            size = max(1, size // 4)  # retry with fewer steps: never a partly read step
-            continue
-        chunks.append(part)
-        total += len(part["step"])
-        first = chunk_lo
-        hi = chunk_lo - 1
-    columns: dict[str, list[Any]] = {}
-    for part in reversed(chunks):
-        for name, values in part.items():
-            columns.setdefault(name, []).extend(values)
-    return columns or {"step": [], "delta": [], "advantage": []}, first
+"""Records decoded for the histogram of one step."""
 
 
 def action_figures(
@@ -67,12 +44,14 @@ def action_figures(
     window: object,
     source: object,
     *,
-    budget: int = ROW_BUDGET,
+    budget: int | None = None,
 ) -> tuple[Figure, Figure]:
     """(histogram at `step` or the last earlier step with records, quantiles over the window up to it).
 
     The inputs are the callback's, unchecked: InvalidInput names a wrong one; the step is clamped into
-    the step column's range and the window to at most `inputs.MAX_ACTION_WINDOW` steps."""
+    the step column's range and the window to at most `inputs.MAX_ACTION_WINDOW` steps. `budget` (off
+    by default: the bands no longer read raw records) keeps only the newest steps whose records add up
+    to at most that many, and says so in the title."""
     rid = inputs.run_id(run_id)
     chosen_step, steps = inputs.action_step(step), inputs.action_window(window)
     src = inputs.action_source(source)
@@ -85,19 +64,61 @@ def action_figures(
 
 
 def _action_figures(
-    state: AppState, principal: Principal, run_id: int, step: int, window: int, src: str | None, budget: int
+    state: AppState,
+    principal: Principal,
+    run_id: int,
+    step: int,
+    window: int,
+    src: str | None,
+    budget: int | None,
 ) -> tuple[Figure, Figure]:
     lo = max(0, step - window + 1)
-    window_rows, first = window_actions(state, principal, run_id, lo, step, src, budget)
-    at_step = state.query.actions(principal, run_id, step, step, src, STEP_ROW_LIMIT)
-    if not at_step["step"]:
-        chosen = action_step(window_rows, step)
-        if chosen is not None:
-            at_step = state.query.actions(principal, run_id, chosen, chosen, src, STEP_ROW_LIMIT)
-    quantiles = delta_quantiles(window_rows)
-    if first > lo and window_rows["step"]:
+    summaries = state.query.action_summaries(principal, run_id, lo, step, src)
+    first = _budget_start(summaries, budget) if budget is not None else lo
+    quantiles = summary_quantiles(_from_step(summaries, first) if first > lo else summaries)
+    if first > lo and summaries.steps:
         quantiles["layout"]["title"]["text"] += f" · steps {first}-{step} (row budget)"
-    return delta_histogram(at_step, action_step(at_step, step)), quantiles
+    return _histogram(state, principal, run_id, summaries, src), quantiles
+
+
+def _histogram(
+    state: AppState, principal: Principal, run_id: int, summaries: ActionSummaries, src: str | None
+) -> Figure:
+    """The last step of the window that has action blocks: its records, or why they are gone."""
+    if not summaries.steps:
+        return delta_histogram({"step": []}, None)
+    steps = np.asarray(summaries.steps, dtype=np.int64)
+    shown = int(steps.max())
+    records = state.query.actions(principal, run_id, shown, shown, src, STEP_ROW_LIMIT)
+    if not records["step"] and np.asarray(summaries.pruned, dtype=bool)[steps == shown].any():
+        return pruned_histogram(shown)
+    return delta_histogram(records, shown)
+
+
+def _budget_start(summaries: ActionSummaries, budget: int) -> int:
+    """The first step of the newest steps whose records (n_all) add up to at most `budget`."""
+    steps = np.asarray(summaries.steps, dtype=np.int64)
+    if not steps.size:
+        return 0
+    unique, where = np.unique(steps, return_inverse=True)
+    per_step = np.bincount(where, weights=np.asarray(summaries.n_all, dtype=np.float64))
+    newest_first = np.cumsum(per_step[::-1])
+    fits = int(np.searchsorted(newest_first, budget, side="right"))  # steps that fit, newest first
+    return int(unique[-fits]) if fits else int(unique[-1]) + 1
+
+
+def _from_step(summaries: ActionSummaries, first: int) -> ActionSummaries:
+    keep = np.flatnonzero(np.asarray(summaries.steps, dtype=np.int64) >= first).tolist()
+    return ActionSummaries(
+        steps=[summaries.steps[i] for i in keep],
+        sources=[summaries.sources[i] for i in keep],
+        levels=summaries.levels,
+        n_all=[summaries.n_all[i] for i in keep],
+        q_all=[summaries.q_all[i] for i in keep],
+        n_pos=[summaries.n_pos[i] for i in keep],
+        q_pos=[summaries.q_pos[i] for i in keep],
+        pruned=[summaries.pruned[i] for i in keep],
+    )
 
 
 def register(app: Dash, ctx: DashContext) -> None:

@@ -22,6 +22,7 @@ from monitor.api.wire import request_schemas
 from monitor.bootstrap import SchemaOutdated, Services, assemble_services, build_services, ensure_schema
 from monitor.config import Settings
 from monitor.services.liveness import Sweeper
+from monitor.services.retention import Pruner
 
 __all__ = ["AppState", "SchemaOutdated", "assemble_state", "build_state", "create_app", "ensure_schema"]
 
@@ -52,7 +53,14 @@ def create_app(
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         sweeper = Sweeper(state.liveness, settings.liveness_sweep_seconds)
         sweeper.start()
+        pruner = None
+        if settings.actions_retention is not None:
+            pruner = Pruner(state.retention, settings.actions_retention, settings.actions_prune_seconds)
+            pruner.start()
+        _app.state.pruner = pruner  # what tests and operators inspect: None when retention is off
         yield
+        if pruner is not None:
+            pruner.stop()
         sweeper.stop()
         state.close()
 

@@ -381,3 +381,20 @@ class ErrorOut(BaseModel):
 
 class DetectorOverridesIn(_Strict):
     overrides: dict[str, Any] = Field(description="DetectorConfig field -> value; {} restores the defaults.")
+
+
+class ActionSummariesOut(BaseModel):
+    """Per-step quantiles of the action deltas, one entry per (step, source) block, ordered by step then
+    source; kept when retention prunes a step's raw records (`pruned`), so the history stays complete."""
+
+    run_id: int
+    steps: list[int]
+    sources: list[str]
+    levels: list[float] = Field(description="The quantile levels of every `q_all` and `q_pos` row.")
+    n_all: list[int] = Field(description="Records with a finite delta at the step.")
+    q_all: list[list[float | str]] = Field(
+        description="Delta quantiles at `levels` of all records; 'NaN' where the step has none."
+    )
+    n_pos: list[int] = Field(description="Records with a finite delta and a positive advantage.")
+    q_pos: list[list[float | str]] = Field(description="The same over records with advantage > 0.")
+    pruned: list[bool] = Field(description="The step's raw records were dropped by retention.")

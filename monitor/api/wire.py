@@ -95,10 +95,7 @@ def decode_actions(body: bytes) -> tuple[str, ActionColumns]:
         if length != n:
             raise InvalidInput(f"has {length} values but step has {n}", field=column)
     floats = {
-        name: [
-            _to_storage(v, f"{name}[{i}]") if v is not None else None
-            for i, v in enumerate(getattr(wire, name))
-        ]
+        name: _float_column(getattr(wire, name), name)
         for name in ("delta", "old_logp_mean", "advantage", "reward")
     }
     batch = ActionColumns(
@@ -151,14 +148,28 @@ def _path_of(exc: msgspec.ValidationError) -> str:
     return "body"
 
 
-def _to_storage(raw: float | str, field: str) -> float | None:
-    """Finite and infinite floats as they are; NaN as None (the storage encoding of NaN)."""
+def _float_column(column: list[float | str | None], name: str) -> list[float | None]:
+    """A float column in the storage encoding. The usual column (finite numbers only) is returned as
+    it is after one C-speed pass (`math.fsum` raises on a string or None and is not finite with a
+    NaN or an infinity); any other goes value by value, the field named only on an error."""
+    try:
+        if math.isfinite(math.fsum(column)):  # type: ignore[arg-type]
+            return column  # type: ignore[return-value]
+    except (TypeError, OverflowError):
+        pass
+    return [None if v is None else _to_storage(v, name, i) for i, v in enumerate(column)]
+
+
+def _to_storage(raw: float | str, field: str, index: int | None = None) -> float | None:
+    """Finite and infinite floats as they are; NaN as None (the storage encoding of NaN). `field`
+    (with `index`, `name[index]`) names the value in an error."""
     if isinstance(raw, str):
         try:
             value = NONFINITE_STRINGS[raw]
         except KeyError:
+            where = field if index is None else f"{field}[{index}]"
             raise InvalidInput(
-                f"expected a number, null or one of {sorted(NONFINITE_STRINGS)}, got {raw!r}", field=field
+                f"expected a number, null or one of {sorted(NONFINITE_STRINGS)}, got {raw!r}", field=where
             ) from None
     else:
         value = raw

@@ -64,6 +64,7 @@ def serve(
     url = f"http://{host_text}:{sock.getsockname()[1]}"
     console.print(f"lldmon serving on [bold]{url}[/bold]  (API docs: {url}/docs)", soft_wrap=True)
     console.print(f"database: {redact(settings.resolved_database_url())}", soft_wrap=True)
+    console.print(f"raw action records kept: {settings.actions_retention or 'forever'}", soft_wrap=True)
     timeouts: dict[str, Any] = {"keep_alive": timeout_keep_alive, "request_timeout": timeout_request}
     with sock:
         if workers > 1:

@@ -20,6 +20,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -128,23 +129,22 @@ class StepMetric(Base):
     value: Mapped[float | None] = mapped_column(Double)
 
 
-class ActionRecord(Base):
-    """One model action (maximal run of loss-mask tokens) of one trajectory at one step."""
+class ActionBlock(Base):
+    """The action records of one (run, step, source) as one encoded block (`monitor.store.action_codec`):
+    storage scales with steps, not actions. Keyed by run first, so the table can be hash-partitioned or
+    distributed by run_id. Retention sets `payload` NULL and keeps `n_records` and the quantile
+    `summary`; `updated_at` (set on every write) is what retention ages."""
 
-    __tablename__ = "action_records"
+    __tablename__ = "action_blocks"
     __table_args__ = (CheckConstraint("source IN ('loss', 'probe')", name="source"),)
 
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     step: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     source: Mapped[str] = mapped_column(String(8), primary_key=True)
-    traj_index: Mapped[int] = mapped_column(Integer, primary_key=True)
-    action_index: Mapped[int] = mapped_column(Integer, primary_key=True)
-    n_tokens: Mapped[int] = mapped_column(Integer)
-    delta: Mapped[float | None] = mapped_column(Double)
-    old_logp_mean: Mapped[float | None] = mapped_column(Double)
-    advantage: Mapped[float | None] = mapped_column(Double)
-    reward: Mapped[float | None] = mapped_column(Double)
-    is_answer: Mapped[bool] = mapped_column(Boolean)
+    n_records: Mapped[int] = mapped_column(Integer)
+    payload: Mapped[bytes | None] = mapped_column(LargeBinary)
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), server_default=_now())
 
 
 class PhaseEvent(Base):

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Final
@@ -32,6 +31,7 @@ from monitor.config import Settings
 from monitor.domain import ActiveCondition, Principal
 from monitor.errors import InvalidInput, NotFound
 from monitor.services.alerts import AlertService
+from monitor.services.periodic import Periodic
 from monitor.services.runs import RunService
 from monitor.store import Database
 from monitor.store import runs as run_store
@@ -196,26 +196,9 @@ def _condition(run: RunLiveness, status: str, silent: float, stall: float, crash
     )
 
 
-class Sweeper:
-    """Runs `LivenessService.sweep` every `interval` seconds in a daemon thread until `stop`."""
+class Sweeper(Periodic):
+    """Runs `LivenessService.sweep` every `interval` seconds (`Periodic`)."""
 
     def __init__(self, service: LivenessService, interval: float) -> None:
+        super().__init__("liveness sweep", service.sweep, interval)
         self.service = service
-        self.interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="lldmon-liveness", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.service.sweep()
-            except Exception:  # a database hiccup must not end liveness checks for good
-                log.exception("liveness sweep failed; retrying in %s s", self.interval)

@@ -12,7 +12,7 @@ from typing import Any, Literal
 import numpy as np
 
 from contracts.wire import NAN, NEG_INF, POS_INF
-from monitor.domain import MetricSummary, PhaseEventInfo, Principal, RunSummary, Series
+from monitor.domain import ActionSummaries, MetricSummary, PhaseEventInfo, Principal, RunSummary, Series
 from monitor.errors import InvalidInput
 from monitor.services.downsample import minmax_indices
 from monitor.services.runs import RunService
@@ -87,6 +87,20 @@ class QueryService:
             return series_store.read_actions(
                 conn, run_id, step_min, step_max, source, min(limit, MAX_ACTION_ROWS)
             )
+
+    def action_summaries(
+        self,
+        principal: Principal,
+        run_id: int,
+        step_min: int | None,
+        step_max: int | None,
+        source: str | None,
+    ) -> ActionSummaries:
+        """Per-step delta quantiles stored with the action blocks (also for pruned steps): a window of
+        hundreds of steps without decoding a single record."""
+        self.runs.get(principal, run_id)
+        with self.db.read() as conn:
+            return series_store.read_action_summaries(conn, run_id, step_min, step_max, source)
 
     # The directive methods predate `DirectiveService` and delegate to it (the CLI and dashboard call them).
 

@@ -68,6 +68,16 @@ def chunk_end(conn: Connection, run_id: int, names: Sequence[str], after: int | 
 
     One index range scan per name, each stopped after n + 1 rows, so the cost does not grow with the
     backlog (a DISTINCT over all new steps would sort a million-step batch for every chunk)."""
+    if conn.dialect.name == "postgresql":
+        steps = _chunk_steps_postgres(conn, run_id, names, after, n + 1)
+    else:
+        steps = _chunk_steps_generic(conn, run_id, names, after, n + 1)
+    return steps[n - 1] if len(steps) > n else None
+
+
+def _chunk_steps_generic(
+    conn: Connection, run_id: int, names: Sequence[str], after: int | None, limit: int
+) -> list[int]:
     per_name = []
     for name in names:
         query = select(step_metrics.c.step).where(
@@ -75,17 +85,24 @@ def chunk_end(conn: Connection, run_id: int, names: Sequence[str], after: int | 
         )
         if after is not None:
             query = query.where(step_metrics.c.step > after)
-        per_name.append(select(query.order_by(step_metrics.c.step).limit(n + 1).subquery().c.step))
+        per_name.append(select(query.order_by(step_metrics.c.step).limit(limit).subquery().c.step))
     if not per_name:
-        return None
-    steps = sorted({int(s) for s in conn.execute(union_all(*per_name)).scalars()})
-    return steps[n - 1] if len(steps) > n else None
+        return []
+    return sorted({int(s) for s in conn.execute(union_all(*per_name)).scalars()})
 
 
 def read_window(
     conn: Connection, run_id: int, names: Sequence[str], step_min: int | None, step_max: int | None = None
 ) -> tuple[npt.NDArray[np.int64], dict[str, npt.NDArray[np.float64]], dict[str, npt.NDArray[np.bool_]]]:
     """Aligned arrays over the union of steps: values (NaN where absent or NaN) and presence masks."""
+    if conn.dialect.name == "postgresql":
+        return _read_window_postgres(conn, run_id, names, step_min, step_max)
+    return _read_window_generic(conn, run_id, names, step_min, step_max)
+
+
+def _read_window_generic(
+    conn: Connection, run_id: int, names: Sequence[str], step_min: int | None, step_max: int | None
+) -> tuple[npt.NDArray[np.int64], dict[str, npt.NDArray[np.float64]], dict[str, npt.NDArray[np.bool_]]]:
     query = select(step_metrics.c.name, step_metrics.c.step, step_metrics.c.value).where(
         step_metrics.c.run_id == run_id, step_metrics.c.name.in_(list(names))
     )
@@ -113,3 +130,78 @@ def read_window(
         values[str(name)] = column
         present[str(name)] = mask
     return steps, values, present
+
+
+# PostgreSQL: the detector reads a window on every batch of every run, so these two run as plain SQL
+# (no SQLAlchemy statement to build and compile per call) and return one row per metric name with its
+# steps and values as arrays instead of a row per point: a 240-step window of 44 metrics measured
+# 19.5 -> 5.2 ms of client CPU, the chunk end 6.6 -> under 1 ms (the service's CPU is the limit of
+# how many runs one server follows).
+
+_CHUNK_STEPS_SQL = """
+SELECT DISTINCT s.step FROM unnest(%(names)s::text[]) AS n(name)
+CROSS JOIN LATERAL (
+    SELECT step FROM step_metrics
+    WHERE run_id = %(run_id)s AND name = n.name AND step > %(after)s
+    ORDER BY step LIMIT %(limit)s
+) AS s
+ORDER BY s.step
+"""
+
+_WINDOW_SQL = """
+SELECT name, array_agg(step ORDER BY step), array_agg(value ORDER BY step)
+FROM step_metrics
+WHERE run_id = %(run_id)s AND name = ANY(%(names)s) AND step >= %(lo)s AND step <= %(hi)s
+GROUP BY name
+"""
+
+_NO_STEP_LIMIT = 2**63 - 1
+
+
+def _chunk_steps_postgres(
+    conn: Connection, run_id: int, names: Sequence[str], after: int | None, limit: int
+) -> list[int]:
+    """The first `limit` steps after `after` of each name (one index range scan per name), merged."""
+    params = {"names": list(names), "run_id": run_id, "after": -1 if after is None else after, "limit": limit}
+    with _cursor(conn) as cur:
+        cur.execute(_CHUNK_STEPS_SQL, params)
+        return [int(row[0]) for row in cur.fetchall()]
+
+
+def _read_window_postgres(
+    conn: Connection, run_id: int, names: Sequence[str], step_min: int | None, step_max: int | None
+) -> tuple[npt.NDArray[np.int64], dict[str, npt.NDArray[np.float64]], dict[str, npt.NDArray[np.bool_]]]:
+    params = {
+        "run_id": run_id,
+        "names": list(names),
+        "lo": -1 if step_min is None else step_min,
+        "hi": _NO_STEP_LIMIT if step_max is None else step_max,
+    }
+    with _cursor(conn) as cur:
+        cur.execute(_WINDOW_SQL, params)
+        rows = cur.fetchall()
+    if not rows:
+        return np.zeros(0, dtype=np.int64), {}, {}
+    columns = [
+        (str(name), np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=np.float64))  # None -> NaN
+        for name, steps, values in rows
+    ]
+    all_steps = np.unique(np.concatenate([steps for _, steps, _ in columns]))
+    values_by_name: dict[str, npt.NDArray[np.float64]] = {}
+    present: dict[str, npt.NDArray[np.bool_]] = {}
+    for name, steps, values in sorted(columns, key=lambda c: c[0]):
+        at = np.searchsorted(all_steps, steps)
+        column = np.full(all_steps.size, np.nan)
+        mask = np.zeros(all_steps.size, dtype=bool)
+        column[at] = values
+        mask[at] = True
+        values_by_name[name] = column
+        present[name] = mask
+    return all_steps, values_by_name, present
+
+
+def _cursor(conn: Connection) -> Any:
+    """A cursor of the connection's own psycopg connection, inside the current transaction."""
+    raw = conn.connection.driver_connection
+    assert raw is not None
+    return raw.cursor()

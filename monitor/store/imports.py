@@ -6,7 +6,7 @@ from __future__ import annotations
 from sqlalchemy import Connection, delete, exists, select, update
 
 from monitor.db.models import (
-    ActionRecord,
+    ActionBlock,
     Alert,
     Directive,
     IngestBatch,
@@ -24,7 +24,7 @@ projects = table_of(Project)
 step_metrics = table_of(StepMetric)
 
 RUN_DATA_TABLES = tuple(
-    table_of(model) for model in (StepMetric, ActionRecord, PhaseEvent, Alert, Directive, IngestBatch)
+    table_of(model) for model in (StepMetric, ActionBlock, PhaseEvent, Alert, Directive, IngestBatch)
 )
 """Everything a run accumulates from ingest and detection (the run row, its tags and settings excepted)."""
 

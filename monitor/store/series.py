@@ -1,4 +1,5 @@
-"""Reads of metric history and action records, served by the (run_id, name, step) primary key."""
+"""Reads of metric history (served by the (run_id, name, step) primary key) and of action records
+(blocks served by the (run_id, step, source) primary key, decoded with numpy)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import Connection, and_, func, select
+from sqlalchemy.sql.elements import ColumnElement
 
-from monitor.db.models import ActionRecord, StepMetric
-from monitor.domain import MetricLast, MetricSummary, Series
+from contracts.wire import ACTION_COLUMNS
+from monitor.db.models import ActionBlock, StepMetric
+from monitor.domain import ActionSummaries, MetricLast, MetricSummary, Series
 from monitor.store._sql import table_of
+from monitor.store.action_codec import SUMMARY_LEVELS, concat_columns, decode_block
 
 step_metrics = table_of(StepMetric)
-action_records = table_of(ActionRecord)
+action_blocks = table_of(ActionBlock)
 
 
 def metric_names(conn: Connection, run_id: int) -> list[MetricSummary]:
@@ -118,40 +122,90 @@ def _group(rows: Iterable[Any]) -> list[Series]:
 def read_actions(
     conn: Connection, run_id: int, step_min: int | None, step_max: int | None, source: str | None, limit: int
 ) -> dict[str, list[Any]]:
-    """Action records as columns (the wire format's shape), ordered by step, source, trajectory, action."""
-    cols = [action_records.c[name] for name in _ACTION_READ_COLUMNS]
-    query = select(*cols).where(action_records.c.run_id == run_id)
+    """Action records as columns (the wire format's shape), ordered by step, source, trajectory, action,
+    at most `limit`. Only the blocks that hold the first `limit` records are fetched and decoded (their
+    record counts are read first); pruned blocks hold no records."""
+    kept = _action_filter(run_id, step_min, step_max, source) & action_blocks.c.payload.is_not(None)
+    extent = conn.execute(
+        select(action_blocks.c.step, action_blocks.c.source, action_blocks.c.n_records)
+        .where(kept)
+        .order_by(action_blocks.c.step, action_blocks.c.source)
+        .limit(max(limit, 1))  # every stored block holds at least one record
+    ).all()
+    counts = np.fromiter((n for _, _, n in extent), dtype=np.int64, count=len(extent))
+    needed = extent[: int(np.searchsorted(np.cumsum(counts), limit, side="left")) + 1]
+    blocks = []
+    if needed and limit > 0:
+        wanted = {(int(step), str(src)) for step, src, _ in needed}
+        rows = conn.execute(
+            select(action_blocks.c.step, action_blocks.c.source, action_blocks.c.payload)
+            .where(kept, action_blocks.c.step >= needed[0][0], action_blocks.c.step <= needed[-1][0])
+            .order_by(action_blocks.c.step, action_blocks.c.source)
+        )
+        blocks = [
+            (int(step), str(src), decode_block(payload))
+            for step, src, payload in rows
+            if (int(step), str(src)) in wanted
+        ]
+    columns = concat_columns(blocks)
+    return {name: columns[name][: max(limit, 0)].tolist() for name in _ACTION_READ_COLUMNS}
+
+
+def read_action_summaries(
+    conn: Connection, run_id: int, step_min: int | None, step_max: int | None, source: str | None
+) -> ActionSummaries:
+    """The per-step delta quantiles stored with each block (pruned ones included), ordered by step and
+    source; no payload is read."""
+    rows = conn.execute(
+        select(
+            action_blocks.c.step,
+            action_blocks.c.source,
+            action_blocks.c.summary,
+            action_blocks.c.payload.is_(None),
+        )
+        .where(_action_filter(run_id, step_min, step_max, source))
+        .order_by(action_blocks.c.step, action_blocks.c.source)
+    ).all()
+    n_all: list[int] = []
+    q_all: list[list[float]] = []
+    n_pos: list[int] = []
+    q_pos: list[list[float]] = []
+    for _, _, summary, _ in rows:
+        for part, ns, qs in (("all", n_all, q_all), ("pos", n_pos, q_pos)):
+            ns.append(int(summary[part]["n"]))
+            qs.append(_at_levels(summary["levels"], summary[part]["q"]))
+    return ActionSummaries(
+        steps=[int(r[0]) for r in rows],
+        sources=[str(r[1]) for r in rows],
+        levels=SUMMARY_LEVELS,
+        n_all=n_all,
+        q_all=q_all,
+        n_pos=n_pos,
+        q_pos=q_pos,
+        pruned=[bool(r[3]) for r in rows],
+    )
+
+
+def _at_levels(levels: Sequence[float], quantiles: Sequence[float | None]) -> list[float]:
+    """Stored quantiles (None -> NaN) at SUMMARY_LEVELS; a summary stored at other levels (an older
+    lldmon) is interpolated between them, NaN outside their range."""
+    q = [math.nan if v is None else float(v) for v in quantiles]
+    if tuple(levels) == SUMMARY_LEVELS:
+        return q
+    return np.interp(SUMMARY_LEVELS, levels, q, left=math.nan, right=math.nan).tolist()
+
+
+def _action_filter(
+    run_id: int, step_min: int | None, step_max: int | None, source: str | None
+) -> ColumnElement[bool]:
+    condition = action_blocks.c.run_id == run_id
     if step_min is not None:
-        query = query.where(action_records.c.step >= step_min)
+        condition &= action_blocks.c.step >= step_min
     if step_max is not None:
-        query = query.where(action_records.c.step <= step_max)
+        condition &= action_blocks.c.step <= step_max
     if source is not None:
-        query = query.where(action_records.c.source == source)
-    query = query.order_by(
-        action_records.c.step,
-        action_records.c.source,
-        action_records.c.traj_index,
-        action_records.c.action_index,
-    ).limit(limit)
-    out: dict[str, list[Any]] = {name: [] for name in _ACTION_READ_COLUMNS}
-    for row in conn.execute(query):
-        for name, value in zip(_ACTION_READ_COLUMNS, row, strict=True):
-            if name in _FLOAT_COLUMNS and value is None:
-                value = math.nan
-            out[name].append(value)
-    return out
+        condition &= action_blocks.c.source == source
+    return condition
 
 
-_ACTION_READ_COLUMNS = (
-    "step",
-    "traj_index",
-    "action_index",
-    "n_tokens",
-    "delta",
-    "old_logp_mean",
-    "advantage",
-    "reward",
-    "is_answer",
-    "source",
-)
-_FLOAT_COLUMNS = frozenset({"delta", "old_logp_mean", "advantage", "reward"})
+_ACTION_READ_COLUMNS = ACTION_COLUMNS

@@ -20,7 +20,7 @@ def test_upgrade_downgrade_upgrade(empty_url: str) -> None:
     engine = make_engine(empty_url)
     upgrade(empty_url)
     assert current_revision(engine) == head_revision()
-    assert {"runs", "step_metrics", "action_records", "ingest_batches", "directives"} <= set(
+    assert {"runs", "step_metrics", "action_blocks", "ingest_batches", "directives"} <= set(
         inspect(engine).get_table_names()
     )
     downgrade(empty_url, "base")

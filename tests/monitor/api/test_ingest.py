@@ -6,12 +6,25 @@ import gzip
 import json
 import math
 import threading
+from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
 
 from contracts.wire import API_PREFIX
+from tests.conftest import ALL_BACKENDS, migrated_database
 from tests.monitor.api.helpers import action_batch, history, metrics_batch, new_run
+
+
+# Also run on PostgreSQL hash-partitioned by run_id (docs/scale-out.md); the two overrides go together.
+@pytest.fixture(scope="session", params=ALL_BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def migrated_url(backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from migrated_database(backend, tmp_path_factory)
 
 
 def post_metrics(client: TestClient, run_id: int, body: object, **kwargs: object):  # type: ignore[no-untyped-def]

@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import pytest
 from fastapi.testclient import TestClient
 
 from contracts.wire import API_PREFIX
+from tests.conftest import ALL_BACKENDS, migrated_database
 from tests.monitor.api.helpers import history, metrics_batch, new_run
+
+
+# Also run on PostgreSQL hash-partitioned by run_id (docs/scale-out.md); the two overrides go together.
+@pytest.fixture(scope="session", params=ALL_BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def migrated_url(backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from migrated_database(backend, tmp_path_factory)
 
 
 def seed(client: TestClient, run_id: int, n: int) -> None:
