@@ -96,10 +96,16 @@ def browser(tmp_path: Path) -> Iterator[Any]:
 
 
 def wait_for(driver: Any, predicate: Any, timeout: float, what: str) -> Any:
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
+    # Dash re-renders components on every refresh: an element found by the predicate can go stale
+    # before it is read; that is "not yet", not a failure
+    ignored = (NoSuchElementException, StaleElementReferenceException)
     try:
-        return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda d: predicate(d))
+        return WebDriverWait(driver, timeout, poll_frequency=0.2, ignored_exceptions=ignored).until(
+            lambda d: predicate(d)
+        )
     except Exception as exc:
         shot(driver, "dashboard-failure")
         raise AssertionError(f"timed out after {timeout}s waiting for {what}") from exc

@@ -41,7 +41,10 @@ def test_stalled_badge_and_lost_server_banner(tmp_path: Path, browser: Any) -> N
         wait_for(
             browser, lambda d: d.execute_script(STATUS_JS, "#run-status") == "stalled", 30, "stalled badge"
         )
-        assert "last seen" in browser.find_element("id", "run-last-seen").text
+        # read in one script call: Dash re-renders the element on every refresh, so a located element
+        # can go stale before its text is read (seen once in CI)
+        last_seen = "return (document.getElementById('run-last-seen') || {}).textContent || '';"
+        wait_for(browser, lambda d: "last seen" in d.execute_script(last_seen), 10, "the last-seen line")
         browser.get(f"{server.url}/dashboard/")
         wait_for(
             browser, lambda d: d.execute_script(STATUS_JS, f"#run-row-{run_id}") == "stalled", 30, "list"
