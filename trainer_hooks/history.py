@@ -26,12 +26,13 @@ quantiles the service stores with each step's records (kept when retention prune
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from contracts.action_pages import DEFAULT_PAGE_RECORDS, MAX_ACTION_READ, StepTooLarge, action_pages
 from contracts.wire import API_PREFIX, decode_float
 
 if TYPE_CHECKING:
@@ -51,10 +52,6 @@ __all__ = [
 DEFAULT_PAGE_POINTS = 200_000
 """Values per metrics request (a 10,000-step run with 30 metrics is 1.5 requests)."""
 _RUNS_PAGE = 1000  # the API's largest `limit`
-MAX_PAGE_RECORDS = 200_000
-"""The largest `limit` of GET /runs/{id}/actions."""
-DEFAULT_PAGE_RECORDS = 100_000
-"""Action records per request (about 40 Search-R1 steps of 2,560 records)."""
 ACTION_DTYPES: dict[str, str] = {
     "step": "int64",
     "source": "object",
@@ -67,7 +64,6 @@ ACTION_DTYPES: dict[str, str] = {
     "reward": "float64",
     "is_answer": "bool",
 }
-_MAX_STEP = 2**63 - 1
 
 
 class HistoryError(RuntimeError):
@@ -159,16 +155,15 @@ def fetch_actions(
     keeps one source (default: both). Steps whose raw records retention pruned have no rows (their
     quantiles: `fetch_action_summaries`). Raises RunNotFound, AccessDenied or HistoryError.
 
-    Each request starts at the first step not yet read; a full page may end inside a step, whose
-    records are then read again with the next page (never kept twice); a step with more records than
-    a page is read alone.
+    Read in pages of whole steps (`contracts.action_pages`, the pager `lldmon export --actions` uses):
+    no record is skipped or kept twice; a step with more records than a page is read alone.
     """
     pd = _pandas()
-    if not 1 <= page_records <= MAX_PAGE_RECORDS:
-        raise ValueError(f"page_records must be in 1..{MAX_PAGE_RECORDS}, got {page_records}")
+    if not 1 <= page_records <= MAX_ACTION_READ:
+        raise ValueError(f"page_records must be in 1..{MAX_ACTION_READ}, got {page_records}")
     if source not in (None, "loss", "probe"):
         raise ValueError(f"source must be 'loss', 'probe' or None, got {source!r}")
-    pages: list[dict[str, Any]] = []
+    np = _numpy()
     with _session(base_url, token, timeout, transport) as http:
         run_id = _resolve(http, run, project)
 
@@ -179,35 +174,11 @@ def fetch_actions(
             )
             return _action_arrays(reply)
 
-        cursor = step_min
-        while step_max is None or cursor is None or cursor <= step_max:
-            page = read(cursor, step_max, source, page_records)
-            steps = page["step"]
-            if len(steps) < page_records:
-                pages.append(page)
-                break
-            last = int(steps[-1])
-            whole = steps < last
-            if whole.any():
-                pages.append({name: column[whole] for name, column in page.items()})
-                cursor = last
-                continue
-            for src in [source] if source is not None else ["loss", "probe"]:  # one step > a page
-                part = read(last, last, src, MAX_PAGE_RECORDS)
-                if len(part["step"]) >= MAX_PAGE_RECORDS:
-                    raise HistoryError(
-                        f"step {last} has more than {MAX_PAGE_RECORDS} {src} action records:"
-                        " too many to read in one request"
-                    )
-                pages.append(part)
-            if last >= _MAX_STEP:
-                break
-            cursor = last + 1
-    np = _numpy()
-    columns = {
-        name: np.concatenate([p[name] for p in pages]) if pages else np.empty(0, dtype=dtype)
-        for name, dtype in ACTION_DTYPES.items()
-    }
+        try:
+            pages = list(action_pages(read, _join_actions, step_min, step_max, source, page_records))
+        except StepTooLarge as exc:
+            raise HistoryError(str(exc)) from None
+    columns = _join_actions(pages) if pages else {n: np.empty(0, dtype=d) for n, d in ACTION_DTYPES.items()}
     frame = pd.DataFrame(columns).astype(ACTION_DTYPES)
     frame.attrs["run_id"] = run_id
     return frame
@@ -257,6 +228,12 @@ def fetch_action_summaries(
     frame.attrs["run_id"] = run_id
     frame.attrs["levels"] = levels
     return frame
+
+
+def _join_actions(pages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Pages as one, their columns concatenated in order."""
+    np = _numpy()
+    return {name: np.concatenate([p[name] for p in pages]) for name in ACTION_DTYPES}
 
 
 def _action_arrays(reply: dict[str, Any]) -> dict[str, Any]:

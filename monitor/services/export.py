@@ -35,6 +35,8 @@ from typing import IO, Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from contracts.action_pages import DEFAULT_PAGE_RECORDS, MAX_ACTION_READ, StepTooLarge
+from contracts.action_pages import action_pages as pages_of_steps
 from contracts.wire import ACTION_COLUMNS as WIRE_ACTION_COLUMNS
 from monitor.domain import Principal, Series
 from monitor.errors import InvalidInput
@@ -57,10 +59,6 @@ ACTION_DTYPES: Final[dict[str, Any]] = {
     "reward": np.float64,
     "is_answer": np.bool_,
 }
-MAX_PAGE_RECORDS: Final = 200_000
-"""The most records one read may ask for (the query layer's and the API's `limit` cap)."""
-DEFAULT_PAGE_RECORDS: Final = 100_000
-MAX_STEP = 2**63 - 1
 
 ActionReader = Callable[[int | None, int | None, str | None, int], Mapping[str, Any]]
 """(step_min, step_max, source, limit) -> action columns ordered by (step, source, traj_index,
@@ -197,48 +195,27 @@ def action_pages(
     source: str | None,
     page_records: int = DEFAULT_PAGE_RECORDS,
 ) -> Iterator[ActionPage]:
-    """Every action record of the step range once, in order, as pages of whole steps.
-
-    Each read starts at the first step not yet returned; a full page (exactly `page_records` records)
-    may end inside a step, so its last step is left to the next read. A single step with more records
-    than a page is read alone with the largest limit (and per source if that is still not enough).
-    """
-    if not 1 <= page_records <= MAX_PAGE_RECORDS:
-        raise InvalidInput(
-            f"page_records must be in 1..{MAX_PAGE_RECORDS}, not {page_records}", field="limit"
+    """Every action record of the step range once, in order, as typed pages of whole steps
+    (`contracts.action_pages.action_pages`); a bad page size or a step too large for one read is
+    InvalidInput on `limit`."""
+    if not 1 <= page_records <= MAX_ACTION_READ:
+        raise InvalidInput(f"page_records must be in 1..{MAX_ACTION_READ}, not {page_records}", field="limit")
+    try:
+        yield from pages_of_steps(
+            lambda lo, hi, src, limit: action_arrays(read(lo, hi, src, limit)),
+            join_pages,
+            step_min,
+            step_max,
+            source,
+            page_records,
         )
-    cursor = step_min
-    while step_max is None or cursor is None or cursor <= step_max:
-        page = action_arrays(read(cursor, step_max, source, page_records))
-        steps = page["step"]
-        if steps.size < page_records:
-            if steps.size:
-                yield page
-            return
-        last = int(steps[-1])
-        whole = steps < last
-        if whole.any():
-            yield {name: column[whole] for name, column in page.items()}
-            cursor = last
-        else:  # the page is one step: read that step alone, whole
-            yield _one_step(read, last, source)
-            if last >= MAX_STEP:
-                return
-            cursor = last + 1
+    except StepTooLarge as exc:
+        raise InvalidInput(str(exc), field="limit") from None
 
 
-def _one_step(read: ActionReader, step: int, source: str | None) -> ActionPage:
-    parts = []
-    for src in [source] if source is not None else ["loss", "probe"]:
-        part = action_arrays(read(step, step, src, MAX_PAGE_RECORDS))
-        if part["step"].size >= MAX_PAGE_RECORDS:
-            raise InvalidInput(
-                f"step {step} has more than {MAX_PAGE_RECORDS} {src} action records: too many to read"
-                " in one request",
-                field="limit",
-            )
-        parts.append(part)
-    return {name: np.concatenate([p[name] for p in parts]) for name in ACTION_COLUMNS}
+def join_pages(pages: Sequence[Mapping[str, Any]]) -> ActionPage:
+    """Pages as one, their columns concatenated in order."""
+    return {name: np.concatenate([p[name] for p in pages]) for name in ACTION_COLUMNS}
 
 
 def action_arrays(columns: Mapping[str, Any]) -> ActionPage:

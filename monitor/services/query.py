@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from contracts.action_pages import MAX_ACTION_READ
 from contracts.wire import NAN, NEG_INF, POS_INF
 from monitor.domain import ActionSummaries, MetricSummary, PhaseEventInfo, Principal, RunSummary, Series
 from monitor.errors import InvalidInput
@@ -20,8 +21,6 @@ from monitor.store import Database
 from monitor.store import alerts as alert_store
 from monitor.store import events as event_store
 from monitor.store import series as series_store
-
-MAX_ACTION_ROWS = 200_000
 
 
 class QueryService:
@@ -85,7 +84,7 @@ class QueryService:
         self.runs.get(principal, run_id)
         with self.db.read() as conn:
             return series_store.read_actions(
-                conn, run_id, step_min, step_max, source, min(limit, MAX_ACTION_ROWS)
+                conn, run_id, step_min, step_max, source, min(limit, MAX_ACTION_READ)
             )
 
     def action_summaries(

@@ -8,6 +8,7 @@ from typing import Any, Literal
 import orjson
 from fastapi import Depends, Query, Response
 
+from contracts.action_pages import MAX_ACTION_READ
 from contracts.wire import encode_float
 from monitor.api.params import MAX_BIGINT, RunId
 from monitor.api.routes._run import ERRORS, run_router
@@ -24,7 +25,7 @@ def action_records(
     step_min: int | None = Query(None, ge=0, le=MAX_BIGINT),
     step_max: int | None = Query(None, ge=0, le=MAX_BIGINT),
     source: Literal["loss", "probe"] | None = None,
-    limit: int = Query(50_000, ge=1, le=200_000),
+    limit: int = Query(50_000, ge=1, le=MAX_ACTION_READ),
     state: AppState = Depends(get_state),
     principal: Principal = Depends(get_principal),
 ) -> Response:
