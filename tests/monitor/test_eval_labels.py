@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -230,3 +231,39 @@ def test_real_runs_carry_their_labels() -> None:
         assert collapse_step(r.steps, r.values[M.REWARD_MEAN]) is None, r.name
     boerz = load_log([REAL / "boerz_alfworld_grpo7b_3seeds/run_a_telemetry.csv"])
     assert runs["alfworld-grpo-qwen2.5-7b-seed0"].steps.tolist() == boerz.steps.tolist()
+
+
+FOUND = Path(__file__).resolve().parents[1] / "fixtures/third_party"
+FOUND_LABELS = Path(__file__).resolve().parents[2] / "monitor/eval_labels/found_runs.toml"
+
+
+def test_found_runs_all_load_with_their_labels() -> None:
+    """The licensed third-party logs committed under tests/fixtures/third_party (signed and composite
+    rewards): every entry imports, no file is missing, and each collapse label is a step of its run."""
+    found = labelled_runs(FOUND_LABELS, FOUND)
+    assert not found.missing
+    assert len(found.runs) == 7
+    collapsing = {r.name: r.collapse_step for r in found.runs if r.collapses}
+    assert collapsing == {
+        "aopd-retool-qwen2.5-3b-grpo-klreward-gjvwlq13": 38,
+        "aopd-retool-qwen2.5-3b-grpo-tokenkl0.1-yeu8r64c": 31,
+    }
+    for run in found.runs:
+        assert run.source == SOURCE_THIRD_PARTY
+        rewards = run.values[M.REWARD_MEAN]
+        assert run.steps.size >= 50
+        if run.name.startswith("aopd-"):  # the ReTool score is signed: the 0..1 collapse rule says nothing
+            assert (
+                float(rewards[np.isfinite(rewards)].max()) < 0.2 and collapse_step(run.steps, rewards) is None
+            )
+
+
+def test_found_runs_controls_get_no_critical_finding() -> None:
+    """The five healthy runs with signed / composite rewards: no critical finding (the detector is judged on
+    them without ever having been tuned to them)."""
+    from monitor.evaluation import evaluate
+
+    runs = [r for r in labelled_runs(FOUND_LABELS, FOUND).runs if not r.collapses]
+    report = evaluate(runs)
+    assert len(report.runs) == 5
+    assert [r.name for r in report.runs if r.critical_kinds] == []
