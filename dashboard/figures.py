@@ -43,6 +43,7 @@ from dashboard.theme import (
 )
 from monitor.detector.explain import (
     PHASE_DESCRIPTIONS,
+    alert_steps,
     explain_evidence,
     explain_finding,
     explain_phase_change,
@@ -155,7 +156,7 @@ def alert_markers(alerts: Sequence[AlertInfo]) -> list[Marker]:
             hover="<br>".join(
                 [
                     f"<b>alert {esc(a.kind)}</b> ({esc(a.severity)}, {esc(a.status)})",
-                    f"steps {a.first_step}-{a.last_step}",
+                    alert_steps(a.first_step, a.last_step, a.reopen_count),
                     _wrap(a.message),
                     *_hover_lines(explain_finding(a.kind, "", a.evidence, a.first_step)),
                 ]

@@ -122,6 +122,7 @@ def assemble_services(
         runs,
         dispatcher,
         renotify_after=timedelta(seconds=settings.renotify_seconds),
+        hold_steps=settings.alert_hold_steps,
         telemetry=telemetry,
     )
     directives = DirectiveService(db, runs, rule_from(settings))

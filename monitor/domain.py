@@ -180,8 +180,16 @@ class ActiveCondition:
     kind: str
     severity: str
     step: int
+    """The step the condition started at (an alert's `first_step`)."""
     message: str
     evidence: dict[str, Any]
+    active_at: int | None = None
+    """The last step the condition was seen to hold (the detector's `evidence["active_at"]`); None: `step`."""
+
+    @property
+    def last_held(self) -> int:
+        """The last step the condition held, never before it started: an alert's `last_step`."""
+        return self.step if self.active_at is None else max(self.step, self.active_at)
 
 
 @dataclass(frozen=True)
@@ -193,6 +201,27 @@ class OpenAlert:
     severity: str
     status: str  # "open" | "acknowledged"
     last_notified_at: datetime | None
+    first_step: int | None = None
+    last_step: int | None = None
+    reopen_count: int = 0
+    last_event: str | None = None
+    """The last notification event planned for it (`contracts.alerts.NOTIFICATION_EVENTS`); `resolved`
+    while it continues silently after re-opening, so its next resolution is not announced twice."""
+
+
+@dataclass(frozen=True)
+class ResolvedAlert:
+    """A run's latest resolved alert of a kind, as the hysteresis rule needs it to continue it."""
+
+    id: int
+    kind: str
+    severity: str
+    first_step: int
+    resolved_step: int | None
+    """The step it was judged cleared at (None: unknown, it is never continued)."""
+    acknowledged: bool
+    """Acknowledged before it resolved: it continues acknowledged (no re-notifications)."""
+    reopen_count: int = 0
 
 
 @dataclass(frozen=True)
@@ -224,6 +253,10 @@ class AlertInfo:
     resolved_at: datetime | None = None
     deliveries: tuple[DeliveryInfo, ...] = ()
     """One per sink that was asked to send it (the log is not listed)."""
+    reopen_count: int = 0
+    """Times its condition came back within the hold after it resolved and it continued (a flicker)."""
+    resolved_step: int | None = None
+    """The step it was judged cleared at, while resolved."""
 
 
 @dataclass(frozen=True)

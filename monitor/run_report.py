@@ -12,6 +12,7 @@ from rich.table import Table
 
 from contracts import metrics as m
 from contracts.wire import encode_float, encode_json
+from monitor.detector.explain import reopened_text
 from monitor.domain import AlertInfo, DirectiveInfo, RunSummary
 
 KEY_METRICS: Final = (
@@ -135,7 +136,7 @@ def render_summary(s: RunSummary, console: Console) -> None:
                 a.kind,
                 a.severity,
                 f"{a.first_step}-{a.last_step}",
-                a.status,
+                a.status + (f", {reopened_text(a.reopen_count)}" if a.reopen_count else ""),
                 _when(a.acknowledged_at) if a.acknowledged_at else "no",
                 escape(a.message),
             )
@@ -182,6 +183,8 @@ def _alert_json(a: AlertInfo) -> dict[str, Any]:
         "status": a.status,
         "first_step": a.first_step,
         "last_step": a.last_step,
+        "resolved_step": a.resolved_step,
+        "reopen_count": a.reopen_count,
         "message": a.message,
         "acknowledged": a.acknowledged_at is not None,
         "acknowledged_at": _iso(a.acknowledged_at),

@@ -17,7 +17,12 @@ from dashboard.inputs import DEFAULT_ACTION_WINDOW, MAX_ACTION_WINDOW
 from dashboard.layout import PathFor, ago, phase_badge, status_badge, tag_list
 from dashboard.panels import PANELS
 from dashboard.theme import BAND_OPACITY, SYMBOL_GLYPHS
-from monitor.detector.explain import PHASE_DESCRIPTIONS, explain_finding, explain_phase_change
+from monitor.detector.explain import (
+    PHASE_DESCRIPTIONS,
+    alert_steps,
+    explain_finding,
+    explain_phase_change,
+)
 from monitor.domain import DirectiveInfo, RunInfo
 
 REFRESH_MS = 5_000
@@ -322,7 +327,7 @@ def timeline_rows(ctx: RunContext) -> list[TimelineRow]:
             a.first_step,
             "alert",
             f"{a.kind} ({a.severity}, {a.status})",
-            f"steps {a.first_step}-{a.last_step}: {a.message}",
+            f"{alert_steps(a.first_step, a.last_step, a.reopen_count)}: {a.message}",
             explain_finding(a.kind, "", a.evidence, a.first_step),
             a.evidence,
         )

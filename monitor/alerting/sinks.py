@@ -39,7 +39,7 @@ from contracts.alerts import (
     SEVERITY_RANK,
     SIGNATURE_HEADER,
 )
-from monitor.detector.explain import explain_finding
+from monitor.detector.explain import alert_steps, explain_finding, reopened_text
 from monitor.domain import DeliveryUpdate
 from monitor.telemetry import ServiceMetrics
 
@@ -63,6 +63,8 @@ class Notification:
     kind: str
     severity: str
     step: int
+    """Where this notification is about: the step the condition started at (`firing`, `escalated`) or
+    was judged cleared at (`resolved`)."""
     message: str
     evidence: dict[str, Any]
     """The detector's raw evidence (JSON, for machines)."""
@@ -75,6 +77,12 @@ class Notification:
     timestamp: datetime = field(default_factory=_utcnow)
     dashboard_url: str | None = None
     """The run's dashboard page; the `Dispatcher` fills it in from the public base URL."""
+    first_step: int | None = None
+    """The alert's first step: where its condition started."""
+    last_step: int | None = None
+    """The alert's last step: the last step its condition was seen to hold (so far, while open)."""
+    reopen_count: int = 0
+    """Times the alert continued because its condition came back soon after it resolved (a flicker)."""
 
     def __post_init__(self) -> None:
         if not self.explanation:
@@ -91,9 +99,21 @@ class Notification:
             state = self.severity.upper()
         phase = f" phase {self.phase}" if self.phase else ""
         return (
-            f"[{state}] {self.project}/{self.run_name} (run {self.run_id}) step {self.step}{phase}: "
+            f"[{state}] {self.project}/{self.run_name} (run {self.run_id}) {self._steps()}{phase}: "
             f"{self.kind}: {self.message}"
         )
+
+    def _steps(self) -> str:
+        """ "steps 157-256" while firing; "step 260 (held at steps 157-256)" once resolved."""
+        first = self.step if self.first_step is None else self.first_step
+        if self.event != RESOLVED:
+            return alert_steps(first, self.last_step, self.reopen_count)
+        if self.first_step is None:
+            return f"step {self.step}"
+        held = ", ".join(
+            p for p in (alert_steps(first, self.last_step), reopened_text(self.reopen_count)) if p
+        )
+        return f"step {self.step} (held at {held})"
 
     def text(self) -> str:
         """The summary, one line per thing the detector saw, the time and the dashboard link."""

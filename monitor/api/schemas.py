@@ -280,8 +280,18 @@ class AlertOut(BaseModel):
         description="The evidence in words: each signal with its statistic by name, the metric's recent "
         "value and baseline; the degraded-mode note only when detection is degraded.",
     )
-    first_step: int
-    last_step: int
+    first_step: int = Field(description="The step its condition started at.")
+    last_step: int = Field(
+        description="The last step its condition was seen to hold: moves on while the alert is open."
+    )
+    resolved_step: int | None = Field(
+        default=None, description="The step it was judged cleared at (null unless resolved)."
+    )
+    reopen_count: int = Field(
+        default=0,
+        description="Times its condition came back within the hold after it resolved and the alert "
+        "continued instead of a new one opening (a flickering condition).",
+    )
     created_at: datetime
     updated_at: datetime
     acknowledged_at: datetime | None
@@ -302,6 +312,8 @@ class AlertOut(BaseModel):
             explanation=explain_finding(a.kind, "", a.evidence, a.first_step),
             first_step=a.first_step,
             last_step=a.last_step,
+            resolved_step=a.resolved_step,
+            reopen_count=a.reopen_count,
             created_at=a.created_at,
             updated_at=a.updated_at,
             acknowledged_at=a.acknowledged_at,

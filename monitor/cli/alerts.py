@@ -37,9 +37,11 @@ def alerts_list(
     database_url: DatabaseUrl = None,
     data_dir: DataDir = None,
 ) -> None:
-    """The run's alerts; `delivery`: where each one's latest notification stands per sink."""
+    """The run's alerts. `steps`: from the step its condition started at to the last step it held (still
+    moving while open); `delivery`: where each one's latest notification stands per sink."""
     from rich.markup import escape
 
+    from monitor.detector.explain import reopened_text
     from monitor.domain import Principal
 
     state = open_state(url, token, database_url, data_dir)
@@ -59,11 +61,12 @@ def alerts_list(
     table = Table("id", "severity", "kind", "status", "steps", "message", "delivery")
     for a in alerts:
         delivery = "\n".join(describe(d) for d in a.deliveries)
+        reopened = reopened_text(a.reopen_count)
         table.add_row(
             str(a.id),
             a.severity,
             a.kind,
-            a.status,
+            a.status + (f", {reopened}" if reopened else ""),
             f"{a.first_step}-{a.last_step}",
             escape(a.message),
             escape(delivery or "-"),

@@ -179,6 +179,8 @@ def alert_of(run_id: int, body: dict[str, Any]) -> AlertInfo:
         updated_at=_time(body["updated_at"]),
         acknowledged_at=parse_time(body["acknowledged_at"]),
         resolved_at=parse_time(body["resolved_at"]),
+        reopen_count=int(body.get("reopen_count") or 0),  # absent from servers older than the field
+        resolved_step=body.get("resolved_step"),
         deliveries=tuple(
             DeliveryInfo(
                 sink=d["sink"],

@@ -185,6 +185,12 @@ class Alert(Base):
     notify_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     acknowledged_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    resolved_step: Mapped[int | None] = mapped_column(BigInteger)
+    """The step it was judged cleared at (the hysteresis hold counts from it); NULL while unresolved."""
+    reopen_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """Times it continued because its condition came back within the hold after it resolved."""
+    last_event: Mapped[str | None] = mapped_column(String(16))
+    """The last notification event planned for it (firing, escalated, resolved)."""
 
 
 class AlertDelivery(Base):

@@ -57,6 +57,10 @@ SIGNAL_NAMES: Final[dict[str, str]] = {
     "clip_ratio_saturated": "clip fraction saturated",
     "garbled_outputs": "garbled outputs",
     "advantage_collapse": "advantage collapse (no gradient signal)",
+    "lld_crash": "likelihood crash of A>0 responses with an entropy / length surge",
+    "entropy_rise": "sustained entropy rise",
+    "length_surge": "response-length surge",
+    "not_learning": "not learning",
     "nonfinite_grad": "non-finite gradient norm",
     "nonfinite_loss": "non-finite loss",
     # phase findings and reasons
@@ -71,7 +75,9 @@ PHASE_DESCRIPTIONS: Final[dict[str, str]] = {
     "healthy": "healthy: no sign of likelihood displacement",
     "stagnation": "phase I (stagnation): likelihood of A>0 responses flat while the reward rises",
     "decay": "phase II (decay): likelihood of A>0 responses declining while the reward still rises",
-    "collapse": "phase III (collapse): accelerated likelihood decline, gradient/entropy surge or reward crash",
+    "collapse": "phase III (collapse): the outcome is damaged (reward crash or at its floor, valid actions gone, "
+    "dead run, garbled or empty outputs after a healthy start)",
+    "not_learning": "not learning: no reward rise, outputs garbled or empty since the start (nothing to collapse)",
 }
 """What each detector phase means (the run page's legend and the phase-change headline)."""
 
@@ -300,7 +306,13 @@ def degraded_line(evidence: Mapping[str, Any]) -> str | None:
 def explain_evidence(
     evidence: Mapping[str, Any], *, step: int | None = None, name: str | None = None
 ) -> list[str]:
-    """Evidence as short human lines: fired signals first, then quiet ones, then notes and degraded mode.
+    """Evidence as short human lines: what fired first, then the signals that support it, then notes,
+    and last one line naming the signals that were checked and did not fire (a reader must never take
+    a quiet signal for a reason), then baselines and degraded mode.
+
+    What fired is, in order: the evidence's own indicator (a finding's), then its `reasons` (the
+    signals that decided a phase change, each with its statistic, and finding kinds or events such as
+    a critical finding, named in a "because:" line); the other fired `signals` support it.
 
     `step` is where the evidence was computed (it dates the windows); `name` labels a flat indicator dict
     (a finding's kind). Unknown keys are ignored and nothing here raises on malformed input."""
@@ -315,22 +327,32 @@ def explain_evidence(
 def _explain(evidence: Mapping[str, Any], step: int | None, name: str | None) -> list[str]:
     end = _end_step(evidence, step)
     lines: list[str] = []
-    fired_names: set[str] = set()
     if _is_indicator(evidence):
         lines.append(explain_indicator(name, evidence, step=end))
     signals = evidence.get("signals")
-    if isinstance(signals, Mapping):
-        items = [(str(k), v) for k, v in signals.items() if isinstance(v, Mapping)]
-        fired = [(k, v) for k, v in items if v.get("fired") is not False]
-        quiet = [(k, v) for k, v in items if v.get("fired") is False]
+    items = (
+        [(str(k), v) for k, v in signals.items() if isinstance(v, Mapping)]
+        if isinstance(signals, Mapping)
+        else []
+    )
+    fired = {k: v for k, v in items if v.get("fired") is not False}
+    quiet = [(k, v) for k, v in items if v.get("fired") is False]
+    raw = evidence.get("reasons")
+    reasons = [r for r in raw if isinstance(r, str)] if isinstance(raw, list | tuple) else []
+    notes = [r.strip("() ") for r in reasons if r.startswith("(")]  # "(collapse signals not yet confirmed)"
+    decided = list(dict.fromkeys(r for r in reasons if r in fired))
+    checked = {k for k, _ in quiet}
+    because = [
+        display_name(r) for r in reasons if r not in fired and r not in checked and not r.startswith("(")
+    ]
+    if because:  # a reason that is no signal: a critical finding, the end of the warm-up, a recovery
+        lines.append("because: " + ", ".join(because))
+    lines += [explain_indicator(k, fired[k], step=end) for k in decided]
+    lines += [explain_indicator(k, v, step=end) for k, v in fired.items() if k not in decided]
+    lines += [n for n in notes if n]
+    if quiet:
         quiet.sort(key=lambda kv: not _is_number(kv[1].get("statistic")))  # not computed: last
-        fired_names = {k for k, _ in fired}
-        lines += [explain_indicator(k, v, step=end) for k, v in [*fired, *quiet]]
-    reasons = evidence.get("reasons")
-    if isinstance(reasons, list | tuple):
-        extra = [display_name(r) for r in reasons if isinstance(r, str) and r not in fired_names]
-        if extra:
-            lines.append("because: " + ", ".join(extra))
+        lines.append("checked, not fired: " + "; ".join(_quiet_text(k, v) for k, v in quiet))
     baselines = _baselines_line(evidence)
     if baselines:
         lines.append(baselines)
@@ -338,6 +360,19 @@ def _explain(evidence: Mapping[str, Any], step: int | None, name: str | None) ->
     if degraded:
         lines.append(degraded)
     return lines
+
+
+def _quiet_text(name: str, ind: Mapping[str, Any]) -> str:
+    """A signal that did not fire, briefly: its name and how far its statistic was from the threshold
+    ("gradient-norm surge 1.04 (threshold 5)"), or why it could not be computed."""
+    stat = ind.get("statistic")
+    if _is_number(stat):
+        text = f"{display_name(name)} {fmt_number(stat)}"
+        if _is_number(ind.get("threshold")):
+            text += f" (threshold {fmt_number(ind['threshold'])})"
+        return text
+    note = _as_text(ind.get("note"))
+    return f"{display_name(name)} ({note.strip()})" if note and note.strip() else display_name(name)
 
 
 def explain_finding(kind: str, message: str, evidence: Mapping[str, Any], step: int | None) -> list[str]:
@@ -349,6 +384,22 @@ def explain_finding(kind: str, message: str, evidence: Mapping[str, Any], step: 
     if not lines and message.strip():
         lines.append(message.strip())
     return lines
+
+
+def alert_steps(first_step: int, last_step: int | None, reopen_count: int = 0) -> str:
+    """An alert's span in words: "steps 157-256" (from the step its condition started at to the last step
+    it held) or "step 157", then " (re-opened 3 times)" when it continued after resolving (a flicker)."""
+    last = first_step if last_step is None else max(first_step, last_step)
+    text = f"step {first_step}" if last == first_step else f"steps {first_step}-{last}"
+    reopened = reopened_text(reopen_count)
+    return f"{text} ({reopened})" if reopened else text
+
+
+def reopened_text(reopen_count: int) -> str:
+    """ "re-opened once", "re-opened 3 times"; "" for an alert that never re-opened."""
+    if reopen_count <= 0:
+        return ""
+    return "re-opened " + ("once" if reopen_count == 1 else f"{reopen_count} times")
 
 
 def explain_phase_change(

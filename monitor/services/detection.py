@@ -14,8 +14,10 @@ depend on how the steps are split: each step is judged on its own window).
 from __future__ import annotations
 
 import logging
+import numbers
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any, Final
 
 from contracts.metrics import CANONICAL_METRICS
@@ -117,7 +119,9 @@ class DetectionService:
             ongoing = {f.kind for f in result.findings}
             transient = [f for f in result.started if f.kind not in ongoing]
             active = [
-                ActiveCondition(f.kind, f.severity, f.step, f.message, encode_json(f.evidence))
+                ActiveCondition(
+                    f.kind, f.severity, f.step, f.message, encode_json(f.evidence), _active_at(f.evidence)
+                )
                 for f in (*result.findings, *transient)
             ]
             notifications = self.alerts.judge(
@@ -143,3 +147,9 @@ class DetectionService:
         with self.db.write() as conn:
             detection_store.set_overrides(conn, run_id, overrides)
         return overrides
+
+
+def _active_at(evidence: Mapping[str, Any]) -> int | None:
+    """The last step a finding was seen active (the detector's `evidence["active_at"]`), if it says."""
+    value = evidence.get("active_at")
+    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else None

@@ -1,33 +1,108 @@
-"""Alert rows: open, refresh, resolve, acknowledge, list; and their delivery state per sink."""
+"""Alert rows: open, refresh, resolve, re-open, acknowledge, list; and their delivery state per sink."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import Connection, Row, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from monitor.db.models import Alert, AlertDelivery
-from monitor.domain import ActiveCondition, AlertInfo, DeliveryInfo, DeliveryUpdate, OpenAlert
+from contracts.alerts import FIRING, RESOLVED
+from monitor.db.models import Alert, AlertDelivery, Run
+from monitor.domain import (
+    ActiveCondition,
+    AlertInfo,
+    DeliveryInfo,
+    DeliveryUpdate,
+    OpenAlert,
+    ResolvedAlert,
+)
 from monitor.store._sql import table_of
 
 alerts = table_of(Alert)
 deliveries = table_of(AlertDelivery)
+runs = table_of(Run)
 _UNRESOLVED = ("open", "acknowledged")
 
 
 def open_alerts(conn: Connection, run_id: int) -> list[OpenAlert]:
     rows = conn.execute(
         select(
-            alerts.c.id, alerts.c.kind, alerts.c.severity, alerts.c.status, alerts.c.last_notified_at
+            alerts.c.id,
+            alerts.c.kind,
+            alerts.c.severity,
+            alerts.c.status,
+            alerts.c.last_notified_at,
+            alerts.c.first_step,
+            alerts.c.last_step,
+            alerts.c.reopen_count,
+            alerts.c.last_event,
         ).where(alerts.c.run_id == run_id, alerts.c.status.in_(_UNRESOLVED))
     ).all()
-    return [OpenAlert(int(r.id), r.kind, r.severity, r.status, r.last_notified_at) for r in rows]
+    return [
+        OpenAlert(
+            int(r.id),
+            r.kind,
+            r.severity,
+            r.status,
+            r.last_notified_at,
+            first_step=int(r.first_step),
+            last_step=int(r.last_step),
+            reopen_count=int(r.reopen_count),
+            last_event=r.last_event,
+        )
+        for r in rows
+    ]
 
 
-def create(conn: Connection, run_id: int, c: ActiveCondition, now: datetime) -> int:
+def latest_resolved(conn: Connection, run_id: int, kinds: Collection[str]) -> list[ResolvedAlert]:
+    """The run's latest alert of each of `kinds` where that alert is resolved (one query)."""
+    if not kinds:
+        return []
+    latest = (
+        select(func.max(alerts.c.id))
+        .where(alerts.c.run_id == run_id, alerts.c.kind.in_(sorted(kinds)))
+        .group_by(alerts.c.kind)
+    )
+    rows = conn.execute(
+        select(
+            alerts.c.id,
+            alerts.c.kind,
+            alerts.c.severity,
+            alerts.c.first_step,
+            alerts.c.resolved_step,
+            alerts.c.acknowledged_at,
+            alerts.c.reopen_count,
+        ).where(alerts.c.id.in_(latest), alerts.c.status == "resolved")
+    ).all()
+    return [
+        ResolvedAlert(
+            int(r.id),
+            r.kind,
+            r.severity,
+            int(r.first_step),
+            None if r.resolved_step is None else int(r.resolved_step),
+            acknowledged=r.acknowledged_at is not None,
+            reopen_count=int(r.reopen_count),
+        )
+        for r in rows
+    ]
+
+
+def lock_run(conn: Connection, run_id: int) -> None:
+    """Hold the run's row lock until commit (PostgreSQL: FOR UPDATE), so judgments of one run's alerts
+    (the detector's, which takes the same lock, and liveness checks) happen one after the other and
+    each sees the alerts the previous one wrote; SQLite's single writer gives the same guarantee."""
+    query = select(runs.c.id).where(runs.c.id == run_id)
+    if conn.dialect.name == "postgresql":
+        query = query.with_for_update()
+    conn.execute(query).first()
+
+
+def create(conn: Connection, run_id: int, c: ActiveCondition, now: datetime, event: str = FIRING) -> int:
+    """A new open alert for `c`, notified with `event`."""
     result = conn.execute(
         alerts.insert()
         .values(
@@ -38,44 +113,88 @@ def create(conn: Connection, run_id: int, c: ActiveCondition, now: datetime) -> 
             message=c.message,
             evidence=c.evidence,
             first_step=c.step,
-            last_step=c.step,
+            last_step=c.last_held,
             created_at=now,
             updated_at=now,
             last_notified_at=now,
             notify_count=1,
+            last_event=event,
         )
         .returning(alerts.c.id)
     )
     return int(result.scalar_one())
 
 
-def refresh(conn: Connection, alert_id: int, c: ActiveCondition, now: datetime, notified: bool) -> None:
+def refresh(
+    conn: Connection, alert_id: int, c: ActiveCondition, now: datetime, event: str | None = None
+) -> None:
+    """The alert's condition still holds: take its latest message and evidence, move `last_step` on to
+    the last step it held (never back); `event`: what is being sent about it now, if anything."""
     values: dict[str, Any] = {
         "severity": c.severity,
         "message": c.message,
         "evidence": c.evidence,
-        "last_step": c.step,
+        "last_step": _greatest(conn, alerts.c.last_step, c.last_held),
         "updated_at": now,
     }
-    if notified:
-        values["last_notified_at"] = now
-        values["notify_count"] = alerts.c.notify_count + 1
+    if event is not None:
+        values.update(_notified(now, event))
     conn.execute(update(alerts).where(alerts.c.id == alert_id).values(**values))
 
 
-def resolve(conn: Connection, alert_id: int, step: int, now: datetime) -> None:
-    conn.execute(
+def reopen(
+    conn: Connection, alert_id: int, c: ActiveCondition, status: str, now: datetime, event: str | None = None
+) -> bool:
+    """Continue a resolved alert whose condition came back (`status`: open or acknowledged), counting
+    the re-opening; False if it was not resolved any more (nothing changed)."""
+    values: dict[str, Any] = {
+        "status": status,
+        "severity": c.severity,
+        "message": c.message,
+        "evidence": c.evidence,
+        "last_step": _greatest(conn, alerts.c.last_step, c.last_held),
+        "resolved_at": None,
+        "resolved_step": None,
+        "reopen_count": alerts.c.reopen_count + 1,
+        "updated_at": now,
+    }
+    if event is not None:
+        values.update(_notified(now, event))
+    result = conn.execute(
         update(alerts)
-        .where(alerts.c.id == alert_id)
-        .values(
-            status="resolved",
-            resolved_at=now,
-            updated_at=now,
-            last_step=func.max(alerts.c.last_step, step)
-            if conn.dialect.name == "sqlite"
-            else func.greatest(alerts.c.last_step, step),
-        )
+        .where(alerts.c.id == alert_id, alerts.c.status == "resolved")
+        .values(**values)
+        .returning(alerts.c.id)
     )
+    return result.first() is not None
+
+
+def resolve(conn: Connection, alert_id: int, step: int, now: datetime, announced: bool) -> bool:
+    """Resolve the alert as cleared at `step` (its `last_step` stays the last step its condition held);
+    `announced`: a `resolved` notification is sent. False if it was resolved already (nothing changed)."""
+    values: dict[str, Any] = {
+        "status": "resolved",
+        "resolved_at": now,
+        "resolved_step": step,
+        "updated_at": now,
+    }
+    if announced:
+        values["last_event"] = RESOLVED
+    result = conn.execute(
+        update(alerts)
+        .where(alerts.c.id == alert_id, alerts.c.status.in_(_UNRESOLVED))
+        .values(**values)
+        .returning(alerts.c.id)
+    )
+    return result.first() is not None
+
+
+def _notified(now: datetime, event: str) -> dict[str, Any]:
+    return {"last_notified_at": now, "notify_count": alerts.c.notify_count + 1, "last_event": event}
+
+
+def _greatest(conn: Connection, column: Any, value: int) -> Any:
+    return func.max(column, value) if conn.dialect.name == "sqlite" else func.greatest(column, value)
 
 
 def acknowledge(conn: Connection, run_id: int, alert_id: int) -> bool:
@@ -176,4 +295,6 @@ def _to_info(r: Row[Any], states: dict[int, tuple[DeliveryInfo, ...]]) -> AlertI
         acknowledged_at=r.acknowledged_at,
         resolved_at=r.resolved_at,
         deliveries=states.get(int(r.id), ()),
+        reopen_count=int(r.reopen_count),
+        resolved_step=None if r.resolved_step is None else int(r.resolved_step),
     )

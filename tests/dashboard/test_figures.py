@@ -208,7 +208,7 @@ def test_evidence_lines_put_fired_signals_first_in_words() -> None:
     )
     assert lines == [
         "reward still rising on reward/mean: Mann-Kendall Z = 6.97 over the last 71 steps (steps 40-110)",
-        "a signal (not fired): statistic = 1",
+        "checked, not fired: a signal 1",  # last, under its heading: never read as a reason
     ]
     many = {"signals": {f"s{i}": {"fired": True, "statistic": i} for i in range(40)}}
     assert len(evidence_lines(many, limit=5)) == 6

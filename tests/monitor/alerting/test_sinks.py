@@ -135,6 +135,9 @@ def test_webhook_is_retried_until_delivered(telemetry: ServiceMetrics, http: htt
             "previous_severity": None,
             "timestamp": "2026-12-01T12:00:00+00:00",
             "dashboard_url": "https://lldmon.example.org/dashboard/run/3",
+            "first_step": None,
+            "last_step": None,
+            "reopen_count": 0,
         }
     ]
     assert counter(telemetry, sink.name, "sent") == 1

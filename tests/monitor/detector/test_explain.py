@@ -11,6 +11,7 @@ from monitor.detector.explain import (
     INTERNAL_KEYS,
     PHASE_DESCRIPTIONS,
     SIGNAL_NAMES,
+    alert_steps,
     display_name,
     explain_evidence,
     explain_finding,
@@ -89,7 +90,7 @@ KL_DEGRADED: dict[str, Any] = {
 
 
 def assert_no_internal_keys(lines: list[str]) -> None:
-    text = "\n".join(lines)
+    text = "\n".join(lines).replace("checked, not fired:", "")  # the quiet signals' heading is words
     for key in INTERNAL_KEYS:  # as a key ("degraded: False"); "(not fired)", "degraded mode" are words
         assert not re.search(rf"\b{key}\b\s*[:=\]]", text), (key, text)
     for key in ("active_at", "phase_since", "confirmations", "baselines"):
@@ -104,12 +105,74 @@ def test_the_issue_example_names_the_statistic_and_shows_the_log_prob() -> None:
         "likelihood of A>0 responses declining: Mann-Kendall Z = -6.67 (threshold -3) over the last 30 steps"
         " (steps 81-110); lld/logp_pos now -0.421 vs baseline -0.29, Theil-Sen slope -0.00121 per step"
     )
-    assert lines[1] == (
-        "gradient-norm surge (not fired): ratio of recent median to baseline median = 1.04 (threshold 5)"
-        " over the last 5 steps (steps 106-110); grad/norm now 0.822 vs baseline 0.791"
-    )
+    # A signal that did not fire is never a line of its own: only named, last, under its heading.
+    assert lines[1] == "checked, not fired: gradient-norm surge 1.04 (threshold 5)"
     assert len(lines) == 2
     assert_no_internal_keys(lines)
+
+
+# What the detector stores when a critical finding puts a run in phase III: the finding is the reason, and
+# the phase's own signals are checked too (here none of them fired).
+DEAD_RUN_COLLAPSE: dict[str, Any] = {
+    "reasons": ["dead_run"],
+    "confirmations": 1,
+    "note": "critical finding: dead_run",
+    "signals": {
+        "reward_crash": {
+            "fired": False,
+            "metric": "reward/mean",
+            "statistic": 0.91,
+            "threshold": 0.5,
+            "window": 10,
+            "statistic_is": "smoothed reward over its running peak",
+        },
+        "grad_surge": {"fired": False, "metric": "grad/norm", "statistic": None, "note": "not enough data"},
+        "entropy_surge": {
+            "fired": True,
+            "metric": "entropy/mean",
+            "statistic": 3.2,
+            "threshold": 3.0,
+            "window": 5,
+            "ratio": 3.2,
+        },
+    },
+}
+
+
+def test_a_phase_change_opens_with_what_fired_and_never_with_a_quiet_signal() -> None:
+    """Regression: the explanation of a collapse opened with "reward crash (not fired)"."""
+    lines = explain_phase_change("collapse", "healthy", DEAD_RUN_COLLAPSE, 157)
+    assert lines[0] == "healthy → collapse at step 157: critical finding: dead_run"
+    assert lines[1] == "because: run no longer learning"  # what fired first
+    assert lines[2].startswith(
+        "entropy surge on entropy/mean: ratio of recent median to baseline median = 3.2"
+    )
+    assert (
+        lines[3]
+        == "checked, not fired: reward crash 0.91 (threshold 0.5); gradient-norm surge (not enough data)"
+    )
+    assert len(lines) == 4
+    assert not any("(not fired)" in line for line in lines)
+    assert_no_internal_keys(lines)
+
+
+def test_reasons_come_first_in_their_order_then_supporting_signals_then_notes() -> None:
+    evidence = {
+        "reasons": ["reward_rising", "logp_pos_decline", "(collapse signals not yet confirmed)"],
+        "signals": {**PHASE_II["signals"], "grad_surge": ISSUE_EVIDENCE["signals"]["grad_surge"]},
+    }
+    lines = explain_evidence(evidence, step=110)
+    assert [line.split(":")[0] for line in lines] == [
+        "reward still rising",
+        "likelihood of A>0 responses declining",
+        "collapse signals not yet confirmed",
+        "checked, not fired",
+    ]
+    supporting = explain_evidence({**evidence, "reasons": ["logp_pos_decline"]}, step=110)
+    assert [line.split(":")[0] for line in supporting][:2] == [
+        "likelihood of A>0 responses declining",  # the reason
+        "reward still rising",  # a fired signal that supports it
+    ]
 
 
 def test_phase_change_has_a_headline_and_no_bookkeeping() -> None:
@@ -154,8 +217,9 @@ def test_nonfinite_and_unknown_evidence() -> None:
     assert explain_evidence({"z": 4.2}) == []
     # A signal that could not be computed says why, after the computed ones.
     off = {"fired": False, "metric": "lld/anchor/logp", "statistic": None, "note": "not enough data"}
-    assert explain_evidence({"signals": {"anchor_decline": off, **ISSUE_EVIDENCE["signals"]}})[2] == (
-        "likelihood of the anchor responses declining (not fired): not enough data for lld/anchor/logp"
+    assert explain_evidence({"signals": {"anchor_decline": off, **ISSUE_EVIDENCE["signals"]}})[1] == (
+        "checked, not fired: gradient-norm surge 1.04 (threshold 5);"
+        " likelihood of the anchor responses declining (not enough data)"
     )
     # A statistic without `statistic_is` is named from the detail that equals it.
     line = explain_evidence(
@@ -220,3 +284,11 @@ def test_display_names() -> None:
         assert "_" not in display_name(name)
     assert display_name("brand_new_signal") == "brand new signal"
     assert set(PHASE_DESCRIPTIONS) == set(PHASES)
+
+
+def test_alert_steps_say_the_span_and_the_flicker() -> None:
+    assert alert_steps(157, 157) == "step 157"
+    assert alert_steps(157, 256) == "steps 157-256"
+    assert alert_steps(157, None) == "step 157"
+    assert alert_steps(157, 256, 1) == "steps 157-256 (re-opened once)"
+    assert alert_steps(157, 256, 3) == "steps 157-256 (re-opened 3 times)"
