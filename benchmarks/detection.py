@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import shlex
@@ -39,11 +40,13 @@ from monitor.detector import DetectorConfig, DetectorState, SeriesWindow, update
 from monitor.detector.labels import collapse_step
 from monitor.detector.replay import thin
 from monitor.detector.scenarios import Scenario, collapse_scenario, healthy_scenario, scenario_suite
+from monitor.eval_harder import Budget, budgets, judge, render_budgets
 from monitor.evaluation import (
     EvaluationReport,
     LabelledRun,
     RunReport,
     evaluate,
+    found_runs,
     labelled_runs,
     render,
     report_of,
@@ -55,17 +58,30 @@ REAL_RUNS_DIR = Path(__file__).resolve().parents[1].parent / "shared/datasets/re
 LAB_FIXTURES_DIR = Path(__file__).resolve().parents[1] / "tests/fixtures/lab"
 
 
-def _evaluate_one(run: LabelledRun) -> list[RunReport]:
-    return evaluate([run]).runs
+def _evaluate_one(run: LabelledRun, scale_free: bool = False) -> list[RunReport]:
+    return evaluate([run], scale_free=scale_free).runs
 
 
-def run_evaluation(runs: list[LabelledRun], jobs: int) -> EvaluationReport:
+def run_evaluation(runs: list[LabelledRun], jobs: int, scale_free: bool = False) -> EvaluationReport:
+    one = functools.partial(_evaluate_one, scale_free=scale_free)
     if jobs > 1:
         with ProcessPoolExecutor(jobs) as pool:
-            reports = [r for rs in pool.map(_evaluate_one, runs, chunksize=2) for r in rs]
+            reports = [r for rs in pool.map(one, runs, chunksize=2) for r in rs]
     else:
-        reports = [r for run in runs for r in _evaluate_one(run)]
+        reports = [r for run in runs for r in one(run)]
     return report_of(reports)
+
+
+def run_budgets(runs: list[LabelledRun], jobs: int, scale_free: bool = False) -> list[Budget]:
+    """The false-critical budget of the controls (`monitor.eval_harder`)."""
+    controls = [r for r in runs if not r.collapses]
+    one = functools.partial(judge, scale_free=scale_free)
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            judged = list(pool.map(one, controls))
+    else:
+        judged = [one(r) for r in controls]
+    return budgets(controls, judged)
 
 
 def update_cost_ms(scenario: Scenario, config: DetectorConfig) -> tuple[list[float], list[float]]:
@@ -125,6 +141,14 @@ def main(argv: list[str] | None = None) -> None:
         help="replay every run as a trainer logging every N steps would have sent it (labels unchanged)",
     )
     parser.add_argument("--json", type=Path, help="write the group summaries, targets and costs here")
+    parser.add_argument(
+        "--scale-free", action="store_true", help="judge every run without its declared reward floor"
+    )
+    parser.add_argument(
+        "--harder",
+        action="store_true",
+        help="also the false-critical budget: controls in other reward units, shuffled in blocks, thinned",
+    )
     args = parser.parse_args(argv)
     print("command:", shlex.join([sys.executable, *sys.argv]))
     config = DetectorConfig()
@@ -148,15 +172,25 @@ def main(argv: list[str] | None = None) -> None:
         runs += real.runs
     else:
         print(f"real logs: {REAL_RUNS_DIR} not found, skipped")
+    if not args.no_real:
+        found = found_runs()
+        print(f"real logs: {len(found)} licensed runs from tests/fixtures/third_party (found_runs.toml)")
+        runs += found
     if args.thin > 1:
         runs = [_thinned(r, args.thin) for r in runs]
         print(f"every run thinned to its last value per {args.thin}-step block (monitor/detector/replay.py)")
     t0 = time.perf_counter()
-    report = run_evaluation(runs, args.jobs)
+    report = run_evaluation(runs, args.jobs, args.scale_free)
     elapsed = time.perf_counter() - t0
     print()
+    if args.scale_free:
+        print("scale-free: every run judged without a declared reward floor")
     print(render(report, per_run=not args.quiet))
     print(f"\nevaluated {len(runs)} runs in {elapsed:.1f} s with {args.jobs} process(es)")
+    budget: list[Budget] = []
+    if args.harder:
+        budget = run_budgets(runs, args.jobs, args.scale_free)
+        print("\n" + render_budgets(budget))
 
     print(
         f"\ndetector cost per update() call (one new point, window = required_history = {config.required_history}):"
@@ -203,6 +237,8 @@ def main(argv: list[str] | None = None) -> None:
             "cost_steps": args.cost_steps,
             "loadavg": load,
             "all_met": met,
+            "scale_free": args.scale_free,
+            "budget": [dataclasses.asdict(b) | {"per_10k": b.per_10k} for b in budget],
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(summary, indent=2, default=str) + "\n")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from monitor.detector.types import COLLAPSE, DECAY, HEALTHY, STAGNATION, WARMUP
+from monitor.detector.types import COLLAPSE, DECAY, HEALTHY, NOT_LEARNING, STAGNATION, WARMUP
 
 PHASE_COLORS: Final[dict[str, str]] = {
     WARMUP: "#9e9e9e",
@@ -12,11 +12,12 @@ PHASE_COLORS: Final[dict[str, str]] = {
     STAGNATION: "#f9a825",
     DECAY: "#ef6c00",
     COLLAPSE: "#c62828",
+    NOT_LEARNING: "#ffb300",
 }
 """Badge and band colour of each detector phase (lld-reference.md section 3)."""
 
-BANDED_PHASES: Final = (STAGNATION, DECAY, COLLAPSE)
-"""Phases shaded behind the time series (I, II, III)."""
+BANDED_PHASES: Final = (STAGNATION, DECAY, COLLAPSE, NOT_LEARNING)
+"""Phases shaded behind the time series (I, II, III, and a run that never learned, in amber)."""
 
 BAND_OPACITY: Final = 0.16
 SEVERITY_COLORS: Final[dict[str, str]] = {"warning": "#ef6c00", "critical": "#c62828"}

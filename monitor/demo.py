@@ -444,9 +444,12 @@ class Watcher:
                     continue
                 view.events.add(event["id"])
                 view.phase = event["phase"]
-                colour = {"decay": "yellow", "collapse": "red", "stagnation": "yellow"}.get(
-                    event["phase"], "green"
-                )
+                colour = {
+                    "decay": "yellow",
+                    "collapse": "red",
+                    "stagnation": "yellow",
+                    "not_learning": "yellow",
+                }.get(event["phase"], "green")
                 self.console.print(
                     f"{tag} step {event['step']}: phase {event['previous_phase'] or '-'} -> "
                     f"[{colour}]{event['phase']}[/{colour}]"

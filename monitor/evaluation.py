@@ -126,6 +126,9 @@ class LabelledRun:
     `collapses`."""
     source: str = SOURCE_GENERATED
     """generated, lab or third-party (`SOURCES`)."""
+    reward_floor: float | None = None
+    """The floor of the run's reward design where it is known (the detector's `reward_floor` for this
+    run, as a user sets it with the run's detector overrides); None: judged scale-free."""
 
     @classmethod
     def from_scenario(cls, scenario: Scenario) -> LabelledRun:
@@ -139,6 +142,7 @@ class LabelledRun:
             collapses=scenario.collapses,
             collapse_step=scenario.collapse_step,
             source=SOURCE_GENERATED,
+            reward_floor=0.0,  # the scenarios' reward is a success rate
         )
 
     @classmethod
@@ -497,10 +501,26 @@ def check_targets(reports: Sequence[RunReport], source: str = "all") -> list[Tar
     return checks
 
 
-def evaluate(runs: Iterable[LabelledRun], config: DetectorConfig | None = None) -> EvaluationReport:
+def run_config(run: LabelledRun, config: DetectorConfig, scale_free: bool = False) -> DetectorConfig:
+    """The detector configuration `run` is judged with: `config` with the run's reward floor (as its
+    detector overrides would set it in the service), or without any floor when `scale_free`."""
+    floor = None if scale_free else run.reward_floor
+    return replace(config, reward_floor=floor)
+
+
+def evaluate(
+    runs: Iterable[LabelledRun], config: DetectorConfig | None = None, scale_free: bool = False
+) -> EvaluationReport:
+    """Score the detector on `runs`, each judged with `run_config` (its reward design's floor where
+    known; `scale_free`: every run judged on its own range and noise alone)."""
     cfg = DetectorConfig() if config is None else config
     return report_of(
-        [score_run(run, detect_offline(run.steps, run.values, cfg, run.present)) for run in runs]
+        [
+            score_run(
+                run, detect_offline(run.steps, run.values, run_config(run, cfg, scale_free), run.present)
+            )
+            for run in runs
+        ]
     )
 
 
@@ -706,7 +726,7 @@ def labelled_run(label: RunLabel, source: str = SOURCE_THIRD_PARTY, group: str =
             f"({int(log.steps[0])}-{int(log.steps[-1])})"
         )
     run = LabelledRun.from_log(label.name, log, group=group, collapses=label.collapses, source=source)
-    return replace(run, collapse_step=step)
+    return replace(run, collapse_step=step, reward_floor=label.reward_floor)
 
 
 def labelled_runs(
@@ -724,6 +744,18 @@ def labelled_runs(
         else:
             runs.append(labelled_run(label))
     return LabelledRuns(runs=runs, missing=missing, labels=Path(labels))
+
+
+FOUND_LABELS: Final = Path(__file__).resolve().parent / "eval_labels" / "found_runs.toml"
+"""Labels of the licensed third-party logs committed under tests/fixtures/third_party (package data)."""
+
+
+def found_runs() -> list[LabelledRun]:
+    """The licensed third-party logs of `tests/fixtures/third_party` of the source checkout this package
+    runs from (an editable install), labelled by `FOUND_LABELS`; none from an installed wheel, which does
+    not ship them."""
+    root = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "third_party"
+    return labelled_runs(FOUND_LABELS, root).runs if root.is_dir() else []
 
 
 def real_runs(root: Path, labels: str | os.PathLike[str] = DEFAULT_LABELS) -> list[LabelledRun]:

@@ -26,6 +26,7 @@ Pure apart from reading the labels file (the logs are read by `monitor.evaluatio
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -45,7 +46,7 @@ DEFAULT_LABELS: Final = Path(__file__).resolve().parent / "eval_labels" / "real_
 
 RUN_TABLE: Final = "run"
 REQUIRED: Final = ("name", "path", "collapses", "note")
-OPTIONAL: Final = ("format", "collapse_step")
+OPTIONAL: Final = ("format", "collapse_step", "reward_floor")
 FIELDS: Final = (*REQUIRED, *OPTIONAL)
 
 
@@ -68,6 +69,9 @@ class RunLabel:
     """1-based position in the file (for messages)."""
     source: str
     """The labels file (for messages)."""
+    reward_floor: float | None = None
+    """The floor of the run's reward design where it is documented (0 for a success rate or exact match,
+    -1 for a score of +-1): the detector's `reward_floor` for this run. None: judged scale-free."""
 
     def where(self) -> str:
         return f"{self.source}: run {self.entry} ({self.name!r})"
@@ -153,6 +157,11 @@ def _parse_entry(entry: Mapping[str, object], i: int, source: str, root: Path) -
     note = entry["note"]
     if not isinstance(note, str) or not note.strip():
         raise fail("note", "expected a non-empty string: where the label comes from")
+    floor = entry.get("reward_floor")
+    if floor is not None and (
+        isinstance(floor, bool) or not isinstance(floor, (int, float)) or not math.isfinite(floor)
+    ):
+        raise fail("reward_floor", f"expected a finite number (the reward design's floor), got {floor!r}")
     return RunLabel(
         name=name.strip(),
         paths=paths,
@@ -162,6 +171,7 @@ def _parse_entry(entry: Mapping[str, object], i: int, source: str, root: Path) -
         note=note.strip(),
         entry=i,
         source=source,
+        reward_floor=None if floor is None else float(floor),
     )
 
 

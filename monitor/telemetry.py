@@ -24,7 +24,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-PHASES = ("warmup", "healthy", "stagnation", "decay", "collapse")
+from monitor.detector.types import PHASES as DETECTOR_PHASES
+
+PHASES = DETECTOR_PHASES
 
 
 @dataclass(frozen=True)

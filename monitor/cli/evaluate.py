@@ -36,6 +36,14 @@ def evaluate_detector(
         ),
     ] = None,
     no_lab: Annotated[bool, typer.Option("--no-lab", help="Leave out the recorded lab runs.")] = False,
+    no_found: Annotated[
+        bool,
+        typer.Option(
+            "--no-found",
+            help="Leave out the licensed third-party logs of tests/fixtures/third_party (scored as "
+            "third-party by default in a source checkout).",
+        ),
+    ] = False,
     per_run: Annotated[bool, typer.Option(help="Print one row per run.")] = False,
     check: Annotated[bool, typer.Option(help="Exit 1 if a target of a --gate source is missed.")] = False,
     gate: Annotated[
@@ -45,6 +53,22 @@ def evaluate_detector(
             f"exit 1 if one is missed (implies --check). Default with --check: {DEFAULT_GATE}."
         ),
     ] = None,
+    scale_free: Annotated[
+        bool,
+        typer.Option(
+            "--scale-free",
+            help="Judge every run without its declared reward floor (as a run whose reward design "
+            "nobody told the detector): on its own range and noise alone.",
+        ),
+    ] = False,
+    harder: Annotated[
+        bool,
+        typer.Option(
+            "--harder",
+            help="Also count critical findings per 10,000 healthy steps on every control as recorded, with "
+            "its reward in other units, shuffled in blocks and thinned (slow: 6 replays per control).",
+        ),
+    ] = False,
 ) -> None:
     """Run the detector over labelled runs and print the score per source (generated, lab, third-party):
     lead time, detection delay, the targets (critical finding in time, early warning, no critical
@@ -52,7 +76,15 @@ def evaluate_detector(
     from rich.markup import escape
 
     from monitor.detector.scenarios import scenario_suite
-    from monitor.evaluation import SOURCES, LabelledRun, evaluate, labelled_runs, render
+    from monitor.evaluation import (
+        FOUND_LABELS,
+        SOURCES,
+        LabelledRun,
+        evaluate,
+        found_runs,
+        labelled_runs,
+        render,
+    )
     from monitor.lab.fixtures import FixtureError, default_fixture_dir, load_fixtures
     from monitor.run_labels import DEFAULT_LABELS, LabelsError
 
@@ -99,9 +131,25 @@ def evaluate_detector(
                 + ", ".join(f"{m.name} ({m.missing_files()[0]})" for m in real.missing)
             )
         runs += real.runs
+    if not no_found:
+        found = found_runs()
+        if found:
+            typer.echo(
+                f"third-party: {len(found)} labelled runs from tests/fixtures/third_party ({FOUND_LABELS.name})"
+            )
+        runs += found
     with console.status(f"evaluating {len(runs)} runs"):
-        report = evaluate(runs)
+        report = evaluate(runs, scale_free=scale_free)
+    if scale_free:
+        typer.echo("scale-free: every run judged without a declared reward floor")
     typer.echo(render(report, per_run=per_run))
+    if harder:
+        from monitor.eval_harder import budgets, judge, render_budgets
+
+        healthy = [r for r in runs if not r.collapses]
+        with console.status(f"replaying {len(healthy)} controls 6 ways"):
+            judged = [judge(r, scale_free=scale_free) for r in healthy]
+        typer.echo("\n" + render_budgets(budgets(healthy, judged)))
     ungated = [t for t in report.missed() if t.source not in gated]
     if ungated:
         typer.echo(

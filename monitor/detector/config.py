@@ -110,9 +110,11 @@ class DetectorConfig:
     reward_smooth_points: int = 3
     """...holding at least this many reward values (a reward logged every 4 steps: the last 3 rollouts)."""
     reward_crash_frac: float = 0.5
-    """Crash: smoothed reward below floor + this share of (running peak - floor)."""
-    reward_floor: float = 0.0
-    """The reward's "zero" (0 for the 0/1 exact-match rewards of Search-R1)."""
+    """Crash: smoothed reward below low + this share of (running peak - low), where "low" is the lowest
+    level the run's smoothed reward has held (its own floor: 0 for a success rate that starts at 0, the
+    penalty floor of a reward with invalid-action penalties, whatever the start of a signed reward).
+    Every reward level is judged against the run's own range and noise, never against a fixed value, so
+    an affine change of the reward's units (a*r + b, a > 0) changes no finding."""
     reward_crash_z: float = 6.0
     """A crash on its own must also be this many reward-noise SDs (around the Theil-Sen trend of the
     baseline window) below the baseline median. Real logs: at most 1.8 (TRL FinQA; Search-R1 1.6-1.75,
@@ -152,17 +154,38 @@ class DetectorConfig:
     (reward 0-2, 5 % of its steps at 0) has 9 of 10 steps below 20 % of its peak once in 2,400 steps and
     never 10 of 10; Search-R1 has ~15 % zero-score steps."""
     reward_zero_level: float = 0.2
-    """"At the floor of its range": reward <= floor + this share of (running peak - floor), the fraction of
+    """"At the floor of its range": reward <= low + this share of (running peak - low), the fraction of
     the one collapse rule (`monitor.detector.labels`), so the alert and the label speak of the same level.
     With `reward_zero_share` of >= 3 values. Lab early regime: 0.27 -> 0.03 within 12 steps."""
-    reward_zero_min_peak: float = 0.05
-    """The run must first have reached floor + this (absolute) for "reward to 0" to mean anything."""
+    reward_floor: float | None = None
+    """The reward's floor, where a reward design has a known one (0 for a success rate or exact match):
+    levels are then judged against it instead of the run's own low. None (default): the run's own range
+    and noise, in any units."""
+    reward_floor_min_rise: float = 0.05
+    """With a `reward_floor`: the trailing mean must first have risen this far above it (absolute)."""
+    reward_floor_noise: float = 4.0
+    """With a `reward_floor`, once the noise is measured: the trailing mean must also be this many noise SDs
+    below its best (a weak run, best trailing mean 0.17, dips to 0.02 for a few steps in its noise; a real
+    collapse from 0.3 to ~0 is 5-20 SDs). Project choice, measured with `lldmon eval --harder`."""
+    reward_rise_noise: float = 4.0
+    """The reward must first have risen above its low this many noise SDs of its trailing mean for "reward
+    to 0", a dead run or a crash to mean anything (the noise SD: the SD of the reward's step-to-step changes
+    over the history, / sqrt 2, / sqrt of the values in a trailing mean). Replaces an absolute minimum peak,
+    which meant nothing for rewards in other units. A run whose reward never rose that far cannot
+    collapse; with garbled or empty outputs from its start it is `not_learning`."""
+    reward_zero_noise: float = 8.0
+    """...and, without a `reward_floor`, the trailing mean must be this many of those noise SDs below its
+    best. The running best of a wandering series drifts away from its typical level: a success rate
+    wandering as an AR(1) process (phi 0.9, the generated noisy-stagnant runs) spans 6-7 SDs of its
+    trailing mean within 400 steps, real small-batch runs (Search-R1, TRL FinQA) up to 6.5. Measured with
+    the harness of `monitor.evaluation` (`lldmon eval --scale-free`); 8 is the smallest whole number with
+    no critical finding on any control of any source. Project choice."""
     reward_zero_mean_window: int = 10
     """Second way to "reward to 0", the collapse label's own statistic (`monitor.detector.labels`): the
     reward's trailing mean over this many steps (labels.WINDOW)..."""
     reward_zero_hold_steps: int = 4
-    """...has stayed below `reward_zero_level` of the best trailing mean so far (the label's fraction and
-    `reward_zero_min_peak`) at every logged point over at least this many steps..."""
+    """...has stayed below `reward_zero_level` of the way from its lowest to its best trailing mean so far
+    (the label's fraction) at every logged point over at least this many steps..."""
     reward_zero_hold_points: int = 2
     """...and at least this many logged points. Lab early regime seed 3 (reward logged every 4 steps,
     0.27 -> 0.016 at step 13, labelled 13): fires at 17. Controls (27 lab runs, 10 real logs, 40 generated;
@@ -198,15 +221,29 @@ class DetectorConfig:
     clipped at step 332, 9 steps before its labelled collapse. Real logs: clip ratio <= 0.28."""
     entropy_explosion_ratio: float = 2.0
     """Entropy explosion (warning): recent median entropy >= this times its baseline, with a robust z >=
-    `surge_z`; critical when validity degrades with it (valid actions or searches fall, clipping rises,
-    garbled outputs) or the reward crashes. Real logs: <= 1.3x on healthy runs ([LLD] section 3)."""
+    `surge_z`; the run enters phase III when the outcome follows (valid actions or searches fall, the
+    reward drops). Real logs: <= 1.3x on healthy runs ([LLD] section 3)."""
     entropy_explosion_validity_drop: float = 0.15
-    """...critical when, with it, valid actions / searches fall this share below their baseline..."""
-    entropy_explosion_clip_rise: float = 0.1
-    """...or the share of clipped responses rises this much above its baseline (issue 14's real run: entropy
-    0.57 -> 3.3 with invalid actions to 28 % and clipped responses 0 -> 22 %). Project choice."""
+    """...phase III when, with it, valid actions / searches fall this share below their baseline (issue 14's
+    real run: entropy 0.57 -> 3.3 with invalid actions to 28 %). Project choice."""
     entropy_explosion_window: int = 10
     """Steps of the recent entropy median for the explosion (slower than the 5-step surge)."""
+    entropy_rise_ratio: float = 1.5
+    """Entropy rise (warning): recent median (`surge_recent` steps) >= this times its baseline..."""
+    entropy_rise_window: int = 20
+    """...with a significant upward trend (Mann-Kendall z >= `decay_z`) over this many steps..."""
+    entropy_rise_validity_drop: float = 0.05
+    """...and valid actions / searches this share below their baseline..."""
+    entropy_rise_clip_rise: float = 0.05
+    """...or the share of clipped responses this much above its baseline. A slow doubling (a 7B agent:
+    entropy 1.0 -> 2.1 over ~15 steps, invalid actions 4 -> 15 %, clipped 2 -> 12 %) passes all three;
+    healthy real logs stay below 1.3x ([LLD] section 3). Project choice."""
+    length_surge_ratio: float = 2.0
+    """Response length surge (supports the `lld_crash` warning): recent median / baseline median, with the
+    robust z of `surge_z`. Old-hook lab run: length x3 within the ~15 steps of its likelihood crash."""
+    empty_response_tokens: float = 2.0
+    """A median response length at or below this many tokens from the run's start means empty outputs
+    (with garbled outputs, what makes a run that never learned `not_learning`)."""
     validity_collapse_ratio: float = 0.5
     """Invalid-action surge / tool-use collapse: recent median of valid actions (`action/valid_ratio`) or
     valid searches per trajectory below this share of its baseline. Lab late regime seed 2: valid searches
@@ -238,13 +275,15 @@ class DetectorConfig:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if f.name == "reward_floor" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"{f.name}: expected a number, got {type(value).__name__}")
             if f.type == "int" and not isinstance(value, int):
                 raise ValueError(f"{f.name}: expected an int, got {value!r}")
             if not math.isfinite(value):
                 raise ValueError(f"{f.name}: must be finite")
-            if f.name != "reward_floor" and value < 0:
+            if value < 0 and f.name != "reward_floor":
                 raise ValueError(f"{f.name}: must be >= 0")
         positive_ints = [f.name for f in dataclasses.fields(self) if f.type == "int"]
         for name in positive_ints:
@@ -265,7 +304,8 @@ class DetectorConfig:
             "length_explosion_clip",
             "validity_collapse_ratio",
             "entropy_explosion_validity_drop",
-            "entropy_explosion_clip_rise",
+            "entropy_rise_validity_drop",
+            "entropy_rise_clip_rise",
         ):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{name}: must be in (0, 1]")
@@ -280,6 +320,8 @@ class DetectorConfig:
             "kl_blowup_factor",
             "length_explosion_ratio",
             "entropy_explosion_ratio",
+            "entropy_rise_ratio",
+            "length_surge_ratio",
         ):
             if getattr(self, name) <= 1:
                 raise ValueError(f"{name}: must be > 1")
@@ -307,6 +349,7 @@ class DetectorConfig:
             self.reward_zero_window,
             self.reward_zero_mean_window + self.reward_zero_hold_steps,
             self.entropy_collapse_window,
+            self.baseline_window + self.entropy_rise_window,
         )
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> DetectorConfig:

@@ -17,9 +17,12 @@ from monitor.detector.signals import (
     HOOK_METRICS,
     USED_METRICS,
     History,
+    Indicator,
+    RewardRange,
     Signals,
     compute,
     recent_median,
+    reward_mean_noise,
     reward_smoothed,
     reward_trailing_means,
 )
@@ -56,16 +59,15 @@ def _first_index(steps: IntArray, i: int, horizon: int) -> int:
 
 def _update_peaks(h: History, state: DetectorState, cfg: DetectorConfig) -> None:
     r = reward_smoothed(h, cfg)
-    if math.isfinite(r) and (state.reward_peak is None or r > state.reward_peak):
-        state.reward_peak = r
-        state.reward_peak_step = h.step
+    if math.isfinite(r):
+        if state.reward_peak is None or r > state.reward_peak:
+            state.reward_peak = r
+            state.reward_peak_step = h.step
+        if state.reward_low is None or r < state.reward_low:
+            state.reward_low = r
     logged, _ = h.logged_now(M.REWARD_MEAN)
     if logged:
-        steps, means = reward_trailing_means(h, cfg, last=cfg.reward_zero_mean_window + 1)
-        if steps.size and math.isfinite(means[-1]) and steps[-1] == h.steps[-1]:
-            m = float(means[-1])
-            if state.reward_mean_peak is None or m > state.reward_mean_peak:
-                state.reward_mean_peak = m
+        _update_reward_means(h, state, cfg)
     e = recent_median(h, M.ENTROPY_MEAN, cfg.entropy_collapse_window, cfg.min_recent_points)
     if math.isfinite(e) and (state.entropy_peak is None or e > state.entropy_peak):
         state.entropy_peak = e
@@ -75,6 +77,82 @@ def _update_peaks(h: History, state: DetectorState, cfg: DetectorConfig) -> None
         enough = h.finite_index(M.ANCHOR_LOGP).size >= cfg.anchor_smooth_points and math.isfinite(a)
         if enough and (state.anchor_peak is None or a > state.anchor_peak):
             state.anchor_peak = a
+
+
+def _update_reward_means(h: History, state: DetectorState, cfg: DetectorConfig) -> None:
+    """Range, start, noise and the `learned` flag of the reward's trailing mean."""
+    steps, means = reward_trailing_means(h, cfg, last=cfg.reward_zero_mean_window + 1)
+    if not (steps.size and math.isfinite(means[-1]) and steps[-1] == h.steps[-1]):
+        return
+    young = state.first_step is None or h.step - state.first_step < cfg.reward_zero_mean_window - 1
+    if young and cfg.reward_floor is None:
+        return  # without a known floor, a partial window's mean (one value at the first step) is no level
+    m = float(means[-1])
+    if state.reward_mean_peak is None or m > state.reward_mean_peak:
+        state.reward_mean_peak = m
+    if state.reward_mean_low is None or m < state.reward_mean_low:
+        state.reward_mean_low = m
+    if state.reward_start is None:
+        state.reward_start = m
+    _update_reward_noise(h, state, cfg, m)
+    if state.reward_start is not None and not state.learned:
+        start = RewardRange(
+            mean_low=state.reward_start,
+            mean_peak=state.reward_mean_peak,
+            noise=state.reward_noise if state.reward_noise is not None else float("nan"),
+            fixed_floor=cfg.reward_floor is not None,
+        )
+        state.learned = start.rose(cfg)
+
+
+def _update_reward_noise(h: History, state: DetectorState, cfg: DetectorConfig, m: float) -> None:
+    """The reward's noise scale: the largest `reward_mean_noise` measured while the trailing mean was in
+    the upper half of the run's range (so the wander of a healthy run is learnt, and a collapse, which
+    happens in the lower half, never inflates it). Re-measured every `reward_zero_mean_window` steps."""
+    low, peak = state.reward_mean_low, state.reward_mean_peak
+    if low is None or peak is None or (peak > low and m < low + 0.5 * (peak - low)):
+        return
+    last = state.counters.get("reward_noise@step")
+    if last is not None and h.step - last < cfg.reward_zero_mean_window:
+        return
+    noise = reward_mean_noise(h, cfg)
+    if not math.isfinite(noise):
+        return
+    state.counters["reward_noise@step"] = h.step
+    if state.reward_noise is None or noise > state.reward_noise:
+        state.reward_noise = noise
+
+
+def reward_range(h: History, state: DetectorState, cfg: DetectorConfig) -> RewardRange:
+    """The run's reward range at this point and its noise scale (NaN until measured); with a configured
+    `reward_floor`, that floor is the low end."""
+    fixed = cfg.reward_floor is not None
+    return RewardRange(
+        low=cfg.reward_floor if fixed else state.reward_low,
+        peak=state.reward_peak,
+        mean_low=cfg.reward_floor if fixed else state.reward_mean_low,
+        mean_peak=state.reward_mean_peak,
+        noise=state.reward_noise if state.reward_noise is not None else float("nan"),
+        fixed_floor=fixed,
+    )
+
+
+def _update_not_learning(h: History, state: DetectorState, cfg: DetectorConfig, garbled: Indicator) -> None:
+    """A run is not learning while its reward has not risen significantly above its start and its outputs
+    have been garbled or empty since its first judged window (`state.not_learning_since`)."""
+    if state.learned:
+        state.not_learning_since = None
+        state.counters.pop("outputs_judged", None)
+        return
+    if state.counters.get("outputs_judged") or state.not_learning_since is not None:
+        return
+    length, count = F.median_tail(h, M.RESPONSE_LENGTH_MEAN, cfg)
+    empty = count >= cfg.min_recent_points and length <= cfg.empty_response_tokens
+    if garbled.statistic is None and count < cfg.min_recent_points:
+        return  # neither judged yet
+    state.counters["outputs_judged"] = 1
+    if garbled.fired or empty:
+        state.not_learning_since = h.step
 
 
 def _finding(kind: str, record: dict[str, object], step: int) -> Finding:
@@ -101,12 +179,18 @@ def process_point(
         state.hooks_seen = True
     _update_peaks(h, state, cfg)
     judged = h.step - state.first_step >= cfg.warmup_steps
-    sig: Signals = compute(h, cfg, state.reward_peak, state.hooks_seen, state.anchor_peak)
-    conds = F.conditions(h, sig, cfg, state)
+    rng = reward_range(h, state, cfg)
+    terminals = F.terminal_indicators(h, cfg, state, rng)
+    _update_not_learning(h, state, cfg, terminals[F.GARBLED_OUTPUTS])
+    pathologies = tuple(
+        k for k in F.PATHOLOGY_KINDS if k in state.active or (k in terminals and terminals[k].fired)
+    )
+    sig: Signals = compute(h, cfg, rng, state.hooks_seen, state.anchor_peak, pathologies)
+    conds = F.conditions(h, sig, cfg, state, terminals)
     criticals = [c.kind for c in conds if F.SEVERITY[c.kind] == "critical"]
     if any(c.kind == F.ENTROPY_EXPLOSION for c in conds):
         degraded_outputs = F.outputs_degraded(h, cfg)
-        if degraded_outputs:  # an entropy explosion that takes the outputs with it is a collapse
+        if degraded_outputs:  # an entropy explosion that takes the valid actions with it is a collapse
             criticals.append(F.ENTROPY_EXPLOSION_DEGRADED)
 
     change = phases.advance(state, sig, h.step, cfg, criticals, judged)

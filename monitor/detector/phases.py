@@ -24,7 +24,15 @@ from typing import Any
 from monitor.detector.config import DetectorConfig
 from monitor.detector.signals import DEGRADED_EXPLANATION, Signals
 from monitor.detector.state import DetectorState
-from monitor.detector.types import COLLAPSE, DECAY, HEALTHY, STAGNATION, WARMUP, PhaseChange
+from monitor.detector.types import (
+    COLLAPSE,
+    DECAY,
+    HEALTHY,
+    NOT_LEARNING,
+    STAGNATION,
+    WARMUP,
+    PhaseChange,
+)
 
 SUPPORT = {
     "collapse": (COLLAPSE,),
@@ -76,24 +84,26 @@ TRAINING_COLLAPSE_KIND = "training_collapse"
 
 
 def candidate(sig: Signals) -> tuple[str, list[str]]:
-    """The phase one point points to, and the signals that decided it."""
+    """The phase one point points to, and the signals that decided it. Only outcome damage (a reward
+    crash) makes a signal-based collapse; surges and sharp likelihood drops with the outcome intact are
+    warnings (`lld_crash`, the pathologies) and escalate when the reward follows."""
     f = sig.fired
     if f("reward_crash"):
-        reasons = ["reward_crash"] + [n for n in ("grad_surge", "entropy_surge") if f(n)]
+        reasons = ["reward_crash"] + [
+            n for n in ("grad_surge", "entropy_surge", "logp_pos_sharp_drop") if f(n)
+        ]
         return COLLAPSE, reasons
-    if f("grad_surge") and f("entropy_surge"):
-        return COLLAPSE, ["grad_surge", "entropy_surge"]
     if sig.hooks:
-        lld_now = f("anchor_decline") or f("logp_correct_decline")
-        for drop in ("anchor_sharp_drop", "logp_pos_sharp_drop"):
-            # a sharp drop needs the anchor / correct responses declining too (lld/logp_pos alone can be
-            # population shift; the anchor is scored every few steps, so its short slope alone is noisy)
-            # and a grad-norm or entropy surge ([LLD] phase III)
-            surges = [n for n in ("grad_surge", "entropy_surge") if f(n)]
-            if f(drop) and lld_now and surges:
-                return COLLAPSE, [drop, *surges]
         support = [
-            n for n in ("logp_pos_decline", "frac_decreased_rising", "delta_traj_pos_negative") if f(n)
+            n
+            for n in (
+                "logp_pos_decline",
+                "frac_decreased_rising",
+                "delta_traj_pos_negative",
+                "anchor_sharp_drop",
+                "logp_pos_sharp_drop",
+            )
+            if f(n)
         ]
         evidence = [
             n for n in ("anchor_decline", "logp_correct_decline", "delta_traj_correct_negative") if f(n)
@@ -109,12 +119,12 @@ def candidate(sig: Signals) -> tuple[str, list[str]]:
 
 
 def recovered(sig: Signals, state: DetectorState, cfg: DetectorConfig) -> bool:
-    """Clear recovery from a collapse: reward back near its peak and no surge / sharp drop."""
-    peak = state.reward_peak
-    if peak is None or sig.reward_smooth != sig.reward_smooth:
+    """Clear recovery from a collapse: the smoothed reward back in the upper part of the run's own range
+    (`recovery_frac` of the way from its low to its peak) and no surge / sharp drop."""
+    peak, low = state.reward_peak, state.reward_low
+    if peak is None or low is None or sig.reward_smooth != sig.reward_smooth:
         return False
-    floor = cfg.reward_floor
-    back = sig.reward_smooth >= floor + cfg.recovery_frac * (peak - floor)
+    back = sig.reward_smooth >= low + cfg.recovery_frac * (peak - low)
     quiet = not any(
         sig.fired(n)
         for n in ("grad_surge", "entropy_surge", "logp_pos_sharp_drop", "anchor_sharp_drop", "reward_crash")
@@ -169,6 +179,18 @@ def attribution(sig: Signals | None, state: DetectorState) -> str:
     return TRAINING_COLLAPSE_KIND
 
 
+def _revise_attribution(sig: Signals | None, state: DetectorState) -> None:
+    """A `training_collapse` becomes an `lld_collapse` when likelihood evidence appears after it began (the
+    attribution follows the evidence, never the other way round)."""
+    if state.collapse_kind == TRAINING_COLLAPSE_KIND and attribution(sig, state) == LLD_COLLAPSE_KIND:
+        state.collapse_kind = LLD_COLLAPSE_KIND
+        fired = [n for n in LLD_EVIDENCE if sig is not None and sig.fired(n)]
+        state.collapse_reasons = [
+            *state.collapse_reasons,
+            *(n for n in fired if n not in state.collapse_reasons),
+        ]
+
+
 def advance(
     state: DetectorState,
     sig: Signals | None,
@@ -190,7 +212,16 @@ def advance(
             state.collapse_reasons = reasons
             ev = _evidence(sig, COLLAPSE, reasons, 1, "critical finding: " + ", ".join(criticals))
             return _change(state, step, COLLAPSE, ev)
+        _revise_attribution(sig, state)
         return None
+    if state.not_learning_since is not None:
+        if state.phase == NOT_LEARNING:
+            return None
+        ev = {"reasons": ["not_learning"], "note": "no reward rise; garbled or empty outputs from the start"}
+        return _change(state, step, NOT_LEARNING, ev)
+    if state.phase == NOT_LEARNING:
+        ev = {"reasons": ["learning"], "note": "the reward rose significantly above its start"}
+        return _change(state, step, HEALTHY if judged else WARMUP, ev)
     if state.phase == WARMUP:
         if not judged or sig is None:
             return None
@@ -204,6 +235,7 @@ def advance(
     streaks = {name: _streak(state, name, cand in supporters, step) for name, supporters in SUPPORT.items()}
     current = state.phase
     if current == COLLAPSE:
+        _revise_attribution(sig, state)
         rec = _streak(state, "recovered", recovered(sig, state, cfg), step)
         if confirmed(rec, cfg.recovery_confirm):
             ev = _evidence(

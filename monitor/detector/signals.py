@@ -234,6 +234,76 @@ def surge(
 # --- reward -----------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class RewardRange:
+    """The run's own reward scale at a point: the range its smoothed reward and its trailing mean have
+    covered so far and the noise of that trailing mean. Every reward rule compares levels inside this
+    range and drops in units of this noise, so an affine change of units (a*r + b, a > 0) changes nothing
+    (lld-reference.md section 3: a collapse is a loss of what the run had, in whatever units it scores)."""
+
+    low: float | None = None
+    """Running minimum of the smoothed reward."""
+    peak: float | None = None
+    """Running maximum of the smoothed reward."""
+    mean_low: float | None = None
+    """Running minimum of the trailing mean (the collapse label's statistic)."""
+    mean_peak: float | None = None
+    """Running maximum of the trailing mean."""
+    noise: float = float("nan")
+    """SD of the trailing mean's noise (`reward_mean_noise`), NaN while unknown."""
+    fixed_floor: bool = False
+    """The floor is the configured `DetectorConfig.reward_floor` (the lows are that floor): levels are
+    judged against it and no noise significance is asked for."""
+
+    def rose(self, cfg: DetectorConfig) -> bool:
+        """The trailing mean rose far enough above its low to have something to lose: `reward_rise_noise`
+        noise SDs, or `reward_floor_min_rise` above a configured floor."""
+        if self.mean_low is None or self.mean_peak is None:
+            return False
+        if self.fixed_floor:
+            return self.mean_peak - self.mean_low >= cfg.reward_floor_min_rise
+        if not math.isfinite(self.noise):
+            return False
+        return _in_noise(self.mean_peak - self.mean_low, self.noise) >= cfg.reward_rise_noise
+
+    def significant_drop(self, drop: float, cfg: DetectorConfig) -> bool:
+        """`drop` (below the best trailing mean) is `reward_zero_noise` noise SDs or more; against a configured
+        floor `reward_floor_noise`, and anything while the noise is not measured yet (a collapse in the
+        first steps)."""
+        if self.fixed_floor:  # the floor carries the scale; the noise, once measured, only vetoes dips
+            return not math.isfinite(self.noise) or _in_noise(drop, self.noise) >= cfg.reward_floor_noise
+        return _in_noise(drop, self.noise) >= cfg.reward_zero_noise
+
+
+def _in_noise(difference: float, noise: float) -> float:
+    """`difference` in units of `noise` (inf for a positive difference over zero noise)."""
+    if noise > 0:
+        return difference / noise
+    return math.inf if difference > 0 else 0.0
+
+
+def reward_mean_noise(h: History, cfg: DetectorConfig) -> float:
+    """SD of the reward's `reward_zero_mean_window`-step trailing mean around its trend over the history: the
+    robust (MAD) spread of the trailing means around their Theil-Sen line. It counts every time scale up to
+    the history's length (small-batch noise, and the slow wander of a run whose success rate drifts), and a
+    trend or one level shift affecting less than half of the points does not inflate it. NaN until the
+    trailing means span `baseline_window` steps (a shorter stretch of a slowly wandering reward shows only
+    part of its wander). Memoised per point."""
+    key = ("reward_mean_noise",)
+    cached: float | None = h.cache.get(key)
+    if cached is not None:
+        return cached
+    out = float("nan")
+    steps, means = reward_trailing_means(h, cfg, last=h.steps.size)
+    if steps.size:
+        full = steps - steps[0] >= cfg.reward_zero_mean_window - 1  # partial windows at the start
+        steps, means = steps[full], means[full]
+    if steps.size and steps[-1] - steps[0] >= cfg.baseline_window:
+        out = stats.theil_sen(steps, means).resid_sd
+    h.cache[key] = out
+    return out
+
+
 def reward_smoothed(h: History, cfg: DetectorConfig) -> float:
     """Median of the reward over the last `reward_smooth` steps, at least `reward_smooth_points` values."""
     return recent_median(h, M.REWARD_MEAN, cfg.reward_smooth, cfg.reward_smooth_points)
@@ -254,39 +324,39 @@ def reward_reference(h: History, cfg: DetectorConfig) -> tuple[float, float]:
 
 
 def reward_crash(
-    h: History, cfg: DetectorConfig, smoothed: float, peak: float | None, corroborated: bool
+    h: History, cfg: DetectorConfig, smoothed: float, rng: RewardRange, corroborated: bool
 ) -> Indicator:
-    """Smoothed reward below floor + frac * (running peak - floor) ("below half its peak"), and below the
-    reference level by `reward_crash_z` noise SDs (`reward_corroborated_z` with a grad / entropy surge),
-    so the noise of small batches (Search-R1, TRL FinQA logs) is never a crash."""
+    """Smoothed reward below low + frac * (running peak - low) ("below half its range"), and below the
+    reference level by `reward_crash_z` noise SDs (`reward_corroborated_z` with a grad / entropy surge or a
+    pathology of the outputs), so the noise of small batches (Search-R1, TRL FinQA logs) is never a crash."""
     name = "reward_crash"
-    if peak is None or not math.isfinite(smoothed):
+    peak, low = rng.peak, rng.low
+    if peak is None or low is None or not math.isfinite(smoothed):
         return off(name, M.REWARD_MEAN)
-    floor = cfg.reward_floor
-    level = floor + cfg.reward_crash_frac * (peak - floor)
+    level = low + cfg.reward_crash_frac * (peak - low)
     base_detail = {
         "statistic_is": "median reward of recent steps",
         "recent": num(smoothed),
         "running_peak": num(peak),
+        "running_low": num(low),
     }
-    if not (peak - floor > 0 and smoothed < level):  # the costly noise estimate only when it matters
+    if not (peak > low and smoothed < level):  # the costly noise estimate only when it matters
         return Indicator(
             name, False, M.REWARD_MEAN, num(smoothed), num(level), cfg.reward_smooth, base_detail
         )
     ref, noise = reward_reference(h, cfg)
     if not (math.isfinite(noise) and math.isfinite(ref)):
         return off(name, M.REWARD_MEAN)
-    drop = ref - smoothed
-    drop_z = drop / noise if noise > 0 else (math.inf if drop > 0 else 0.0)
+    drop_z = _in_noise(ref - smoothed, noise)
     z_needed = cfg.reward_corroborated_z if corroborated else cfg.reward_crash_z
-    fired = peak - floor > 0 and smoothed < level and drop_z >= z_needed
+    fired = drop_z >= z_needed
     detail = {
         **base_detail,
         "baseline": num(ref),
         "drop_in_noise_sd": num(drop_z),
         "drop_z_threshold": z_needed,
         "noise_sd": num(noise),
-        "corroborated_by_surge": bool(corroborated),
+        "corroborated": bool(corroborated),
     }
     return Indicator(name, fired, M.REWARD_MEAN, num(smoothed), num(level), cfg.reward_smooth, detail)
 
@@ -358,27 +428,37 @@ def reward_trailing_means(h: History, cfg: DetectorConfig, last: int = 64) -> tu
     return steps, (csum[ends] - csum[first]) / (ends - first)
 
 
-def reward_zero(
-    h: History, cfg: DetectorConfig, peak: float | None, mean_peak: float | None = None
-) -> Indicator:
-    """The reward at the floor of its range, two ways: every recent value at the floor, or (the collapse
-    label's own criterion) its trailing mean held below the floor level of its best trailing mean."""
+def reward_zero(h: History, cfg: DetectorConfig, rng: RewardRange) -> Indicator:
+    """The reward at the floor of its range after having risen (`RewardRange.rose`), two ways: every recent
+    value at the floor, or (the collapse label's own criterion) its trailing mean held below the floor
+    level of its range; either way the trailing mean is `reward_zero_noise` noise SDs below its best."""
     name = "reward_zero"
     v = h.get(M.REWARD_MEAN)
-    if v is None:
+    if v is None or rng.mean_peak is None or rng.mean_low is None:
         return off(name, M.REWARD_MEAN)
-    held = _trailing_mean_held(h, cfg, mean_peak)
+    if not rng.rose(cfg):
+        return off(name, M.REWARD_MEAN, "the reward never rose significantly above its low")
+    steps, means = reward_trailing_means(h, cfg)
+    if steps.size == 0:
+        return off(name, M.REWARD_MEAN)
+    drop = _in_noise(rng.mean_peak - float(means[-1]), rng.noise)
+    if not rng.significant_drop(rng.mean_peak - float(means[-1]), cfg):
+        return Indicator(
+            name,
+            False,
+            M.REWARD_MEAN,
+            num(float(means[-1])),
+            None,
+            cfg.reward_zero_mean_window,
+            {"drop_in_noise_sd": num(drop), "drop_threshold": cfg.reward_zero_noise},
+        )
+    held = _trailing_mean_held(h, cfg, rng, steps, means, drop)
     if held is not None:
         return held
-    if peak is None:
-        return off(name, M.REWARD_MEAN)
-    floor = cfg.reward_floor
-    if peak - floor < cfg.reward_zero_min_peak:
-        return off(name, M.REWARD_MEAN, "the reward never rose above its floor")
     recent = h.recent(M.REWARD_MEAN, cfg.reward_zero_window, cfg.reward_zero_points)
-    if recent.size < cfg.reward_zero_points:
+    if recent.size < cfg.reward_zero_points or rng.peak is None or rng.low is None:
         return off(name, M.REWARD_MEAN)
-    level = floor + cfg.reward_zero_level * (peak - floor)
+    level = rng.low + cfg.reward_zero_level * (rng.peak - rng.low)
     share = float(np.count_nonzero(recent <= level)) / recent.size
     return Indicator(
         name,
@@ -389,24 +469,25 @@ def reward_zero(
         cfg.reward_zero_window,
         {
             "zero_level": num(level),
-            "running_peak": num(peak),
+            "running_peak": num(rng.peak),
+            "running_low": num(rng.low),
             "recent": num(stats.fast_median(recent)),
-            "statistic_is": "share of recent reward values at ~0",
+            "drop_in_noise_sd": num(drop),
+            "statistic_is": "share of recent reward values at the floor of the run's range",
         },
     )
 
 
-def _trailing_mean_held(h: History, cfg: DetectorConfig, mean_peak: float | None) -> Indicator | None:
+def _trailing_mean_held(
+    h: History, cfg: DetectorConfig, rng: RewardRange, steps: FloatArray, means: FloatArray, drop: float
+) -> Indicator | None:
     """The fired `reward_zero` indicator when the reward's trailing mean has stayed below the floor level
-    of its running peak over the last `reward_zero_hold_steps` steps (>= `reward_zero_hold_points`
-    points), else None. Once below, the peak cannot move, so the run of points below it is exact."""
-    floor = cfg.reward_floor
-    if mean_peak is None or mean_peak - floor < cfg.reward_zero_min_peak:
-        return None
-    steps, means = reward_trailing_means(h, cfg)
-    if steps.size == 0 or steps[-1] != h.steps[-1]:
+    of its range over the last `reward_zero_hold_steps` steps (>= `reward_zero_hold_points` points), else
+    None. Once below, the peak cannot move, so the run of points below it is exact."""
+    assert rng.mean_low is not None and rng.mean_peak is not None
+    if steps[-1] != h.steps[-1]:
         return None  # judged where a reward is logged
-    level = floor + cfg.reward_zero_level * (mean_peak - floor)
+    level = rng.mean_low + cfg.reward_zero_level * (rng.mean_peak - rng.mean_low)
     above = np.flatnonzero(~(means < level))
     start = int(above[-1]) + 1 if above.size else 0
     points = steps.size - start
@@ -424,11 +505,14 @@ def _trailing_mean_held(h: History, cfg: DetectorConfig, mean_peak: float | None
         cfg.reward_zero_mean_window,
         {
             "zero_level": num(level),
-            "running_peak": num(mean_peak),
+            "running_peak": num(rng.mean_peak),
+            "running_low": num(rng.mean_low),
             "recent": num(float(means[-1])),
             "held_steps": int(held),
-            "statistic_is": f"the reward's {cfg.reward_zero_mean_window}-step trailing mean, below "
-            f"{cfg.reward_zero_level:.0%} of its best for {int(held)} steps (the collapse label's criterion)",
+            "drop_in_noise_sd": num(drop),
+            "statistic_is": f"the reward's {cfg.reward_zero_mean_window}-step trailing mean, held at the floor "
+            f"of its range ({cfg.reward_zero_level:.0%} of the way from its lowest to its best) for {int(held)} "
+            "steps (the collapse label's criterion)",
         },
     )
 
@@ -640,10 +724,16 @@ class Signals:
 
 
 def compute(
-    h: History, cfg: DetectorConfig, reward_peak: float | None, hooks: bool, anchor_peak: float | None = None
+    h: History,
+    cfg: DetectorConfig,
+    rng: RewardRange,
+    hooks: bool,
+    anchor_peak: float | None = None,
+    pathologies: tuple[str, ...] = (),
 ) -> Signals:
-    """Every phase signal at the current (last) point of `h`. `reward_peak` already includes this point;
-    `hooks`: the run's source has sent likelihood metrics at some point of its life."""
+    """Every phase signal at the current (last) point of `h`. `rng` already includes this point; `hooks`:
+    the run's source has sent likelihood metrics at some point of its life; `pathologies`: the pathology
+    warnings active now (a reward drop with one of them needs fewer noise SDs)."""
     ind: dict[str, Indicator] = {}
     ind["grad_surge"] = surge(
         h, "grad_surge", M.GRAD_NORM, cfg, cfg.grad_surge_ratio, idle_ratio=cfg.grad_idle_ratio
@@ -653,33 +743,65 @@ def compute(
     )
     corroborated = ind["grad_surge"].fired or ind["entropy_surge"].fired
     r_smooth = reward_smoothed(h, cfg)
-    ind["reward_crash"] = reward_crash(h, cfg, r_smooth, reward_peak, corroborated)
+    ind["reward_crash"] = reward_crash(h, cfg, r_smooth, rng, corroborated or bool(pathologies))
     ind["reward_rising"] = reward_rising(h, cfg, cfg.trend_window)
     if hooks:
-        decline, fit = likelihood_decline(h, cfg)
-        ind["logp_pos_decline"] = decline
-        ind["logp_pos_flat"] = likelihood_flat(fit, cfg)
-        ind["frac_decreased_majority"] = frac_majority(h, cfg)
-        ind["delta_traj_pos_negative"] = delta_negative(h, cfg)
-        ind["anchor_decline"] = anchor_decline(h, cfg, anchor_peak)
-        ind["logp_correct_decline"] = correct_decline(h, cfg)
-        ind["delta_traj_correct_negative"] = delta_negative(h, cfg, M.DELTA_TRAJ_CORRECT)
-        declining = ind["anchor_decline"].fired or ind["logp_correct_decline"].fired
-        lazy = "not evaluated: needs a likelihood decline first"
-        # a sharp drop only counts with a decline of the anchor / correct responses (phases.candidate), and
-        # a rising decreased share only as support of evidence or with negative exact deltas: skip the fits
-        # otherwise (the detector's budget is < 5 ms per point)
-        for key, metric in (("logp_pos_sharp_drop", M.LOGP_POS), ("anchor_sharp_drop", M.ANCHOR_LOGP)):
-            ind[key] = likelihood_acceleration(h, cfg, metric) if declining else off(key, metric, lazy)
-        support = (
-            declining or ind["delta_traj_pos_negative"].fired or ind["delta_traj_correct_negative"].fired
-        )
-        ind["frac_decreased_rising"] = (
-            frac_rising(h, cfg)
-            if support
-            else off(
-                "frac_decreased_rising", M.FRAC_TRAJ_DECREASED_POS, "not evaluated: no likelihood evidence"
-            )
-        )
+        _likelihood_signals(h, cfg, anchor_peak, ind)
     e_smooth = recent_median(h, M.ENTROPY_MEAN, cfg.entropy_collapse_window, cfg.min_recent_points)
     return Signals(hooks=hooks, indicators=ind, reward_smooth=r_smooth, entropy_smooth=e_smooth)
+
+
+LLD_CRASH_CAVEAT: Final = (
+    "lld/logp_pos is measured on the A > 0 responses of each batch, a population that changes every batch, "
+    "so a crash of it is not proof of phase II on its own; an 8x drop within ~15 steps together with an "
+    "entropy or length surge is, however, not what population shift looks like. The anchor set "
+    "(lld/anchor/logp) or the correct-response log-prob (lld/logp_correct) would confirm it."
+)
+
+
+def _likelihood_signals(
+    h: History, cfg: DetectorConfig, anchor_peak: float | None, ind: dict[str, Indicator]
+) -> None:
+    """The hook likelihood signals (phases I-II and the `lld_crash` warning), added to `ind`."""
+    decline, fit = likelihood_decline(h, cfg)
+    ind["logp_pos_decline"] = decline
+    ind["logp_pos_flat"] = likelihood_flat(fit, cfg)
+    ind["frac_decreased_majority"] = frac_majority(h, cfg)
+    ind["delta_traj_pos_negative"] = delta_negative(h, cfg)
+    ind["anchor_decline"] = anchor_decline(h, cfg, anchor_peak)
+    ind["logp_correct_decline"] = correct_decline(h, cfg)
+    ind["delta_traj_correct_negative"] = delta_negative(h, cfg, M.DELTA_TRAJ_CORRECT)
+    declining = ind["anchor_decline"].fired or ind["logp_correct_decline"].fired
+    # the sharp-drop fits only where they can matter (the detector's budget is < 5 ms per point): with a
+    # decline of the anchor / correct responses, or with an entropy or length surge (the `lld_crash`
+    # warning, from the signals every hook version sends)
+    length = surge(h, "length_surge", M.RESPONSE_LENGTH_MEAN, cfg, cfg.length_surge_ratio)
+    ind["length_surge"] = length
+    surging = [n for n in ("entropy_surge", "length_surge") if ind[n].fired]
+    lazy = "not evaluated: needs a likelihood decline or an entropy / length surge first"
+    ind["logp_pos_sharp_drop"] = (
+        likelihood_acceleration(h, cfg, M.LOGP_POS)
+        if declining or surging
+        else off("logp_pos_sharp_drop", M.LOGP_POS, lazy)
+    )
+    ind["anchor_sharp_drop"] = (
+        likelihood_acceleration(h, cfg, M.ANCHOR_LOGP)
+        if declining
+        else off("anchor_sharp_drop", M.ANCHOR_LOGP, lazy)
+    )
+    drop = ind["logp_pos_sharp_drop"]
+    ind["lld_crash"] = Indicator(
+        "lld_crash",
+        drop.fired and bool(surging),
+        M.LOGP_POS,
+        drop.statistic,
+        drop.threshold,
+        drop.window,
+        {**drop.detail, "with": surging, "caveat": LLD_CRASH_CAVEAT},
+    )
+    support = declining or ind["delta_traj_pos_negative"].fired or ind["delta_traj_correct_negative"].fired
+    ind["frac_decreased_rising"] = (
+        frac_rising(h, cfg)
+        if support
+        else off("frac_decreased_rising", M.FRAC_TRAJ_DECREASED_POS, "not evaluated: no likelihood evidence")
+    )

@@ -27,6 +27,21 @@ class DetectorState:
     reward_mean_peak: float | None = None
     """Running peak of the reward's trailing mean (`DetectorConfig.reward_zero_mean_window` steps), the
     collapse label's statistic; a state saved before it existed restarts it from the next point."""
+    reward_low: float | None = None
+    """Running minimum of the smoothed reward: the low end of the run's own reward range (with
+    `reward_peak`), so reward rules hold in any units."""
+    reward_mean_low: float | None = None
+    """Running minimum of the reward's trailing mean (with `reward_mean_peak`)."""
+    reward_noise: float | None = None
+    """Noise SD of the reward's trailing mean: the largest measured while the run was in the upper half of
+    its range (`engine._update_reward_noise`), the scale every reward drop is measured in."""
+    reward_start: float | None = None
+    """The first trailing mean of the reward with `DetectorConfig.min_recent_points` values: where the run
+    started (a run that never rose significantly above it has not learned)."""
+    learned: bool = False
+    """The reward's trailing mean has risen significantly above its start at some point."""
+    not_learning_since: int | None = None
+    """First step of a run judged not learning (garbled / empty outputs from its start, no reward rise)."""
     entropy_peak: float | None = None
     """Running peak of the smoothed entropy (entropy-collapse diagnosis)."""
     anchor_peak: float | None = None

@@ -26,7 +26,9 @@ DECAY: Final = "decay"
 """Phase II: slow, consistent decline of the correct-response likelihood, reward still rising."""
 COLLAPSE: Final = "collapse"
 """Phase III: accelerated likelihood decline with a grad-norm / entropy surge, or a reward crash."""
-PHASES: Final = (WARMUP, HEALTHY, STAGNATION, DECAY, COLLAPSE)
+NOT_LEARNING: Final = "not_learning"
+"""Not a phase of LLD: the run never learned (no reward rise, garbled or empty outputs from its start)."""
+PHASES: Final = (WARMUP, HEALTHY, STAGNATION, DECAY, COLLAPSE, NOT_LEARNING)
 
 
 @dataclass(frozen=True)

@@ -236,7 +236,9 @@ runner = CliRunner()
 def test_eval_gate_fails_on_a_missed_target(
     monkeypatch: pytest.MonkeyPatch, args: list[str], code: int
 ) -> None:
-    monkeypatch.setattr(evaluation, "evaluate", lambda runs, config=None: per_source_report())
+    monkeypatch.setattr(
+        evaluation, "evaluate", lambda runs, config=None, scale_free=False: per_source_report()
+    )
     result = runner.invoke(
         app, ["eval", "--collapse", "0", "--controls", "0", "--no-lab", *args], env={"COLUMNS": "240"}
     )

@@ -18,6 +18,7 @@ from monitor.detector import (
     COLLAPSE,
     DECAY,
     ENTROPY_COLLAPSE,
+    ENTROPY_EXPLOSION,
     GARBLED_OUTPUTS,
     HEALTHY,
     KL_BLOWUP,
@@ -26,6 +27,7 @@ from monitor.detector import (
     LLD_DECAY,
     NONFINITE_GRAD,
     NONFINITE_LOSS,
+    PATHOLOGY_KINDS,
     RATIO_BLOWUP,
     REWARD_ZERO,
     SEVERITY,
@@ -50,7 +52,9 @@ from monitor.lab.fixtures import read_fixture
 
 LAB_FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "lab"
 
-CFG = DetectorConfig()
+CFG = DetectorConfig(
+    reward_floor=0.0
+)  # the rewards here are success rates: their floor, declared as a user would
 Series = dict[str, np.ndarray]
 
 
@@ -182,36 +186,43 @@ def test_decay_from_frac_rising_and_negative_delta() -> None:
     assert 60 < change.step <= 110
 
 
-def test_collapse_with_hooks_sharp_drop_and_grad_surge() -> None:
+def test_sharp_drop_and_grad_surge_warn_until_the_reward_follows() -> None:
+    """Phase III needs outcome damage: a likelihood crash with a grad-norm surge while the reward holds
+    keeps the run in phase II; when the reward follows, the run enters collapse, attributed to LLD (it
+    came through phase II)."""
     values = declining(200, onset=60)
     t = np.arange(200, dtype=np.float64)
     after = np.clip(t - 130, 0, None)
     values[M.LOGP_POS] -= 0.05 * (np.exp(after / 6) - 1)
     values[M.GRAD_NORM] *= np.minimum(np.exp(after / 4), 50)
+    intact = run(values)
+    assert entered(intact, DECAY) is not None and COLLAPSE not in intact.phases
+    assert not [f for f in intact.findings if f.severity == "critical"]
+    values[M.REWARD_MEAN] = np.where(t < 145, values[M.REWARD_MEAN], 0.02)
     result = run(values)
     start = entered(result, COLLAPSE)
-    assert start is not None and 130 < start <= 148
-    assert entered(result, DECAY) is not None
-    change = next(c for c in result.phase_changes if c.phase == COLLAPSE)
-    assert "logp_pos_sharp_drop" in change.evidence["reasons"] or "reward_crash" in change.evidence["reasons"]
-    # it came through phase II with the correct responses' likelihood declining: attributed to LLD
+    assert start is not None and 145 <= start <= 150
     assert result.first(LLD_COLLAPSE) == start and TRAINING_COLLAPSE not in result.kinds()
     assert next(f for f in result.findings if f.kind == LLD_COLLAPSE).severity == "critical"
 
 
 def test_degraded_collapse_on_grad_and_entropy_surge_explains_itself() -> None:
+    """Grad-norm and entropy surges with the reward intact: an entropy explosion warning, no collapse;
+    once the reward drops with them (a corroborated drop), a training collapse that explains itself."""
     values = base(160, 5)
     t = np.arange(160, dtype=np.float64)
     after = np.clip(t - 100, 0, None)
     values[M.GRAD_NORM] *= np.minimum(np.exp(after / 4), 100)
     values[M.ENTROPY_MEAN] *= np.minimum(np.exp(after / 8), 4)
+    intact = run(values)
+    assert COLLAPSE not in intact.phases and ENTROPY_EXPLOSION in intact.kinds()
+    assert not [f for f in intact.findings if f.severity == "critical"]
+    values[M.REWARD_MEAN] = np.where(t < 110, values[M.REWARD_MEAN], 0.25)
     result = run(values)
     change = next(c for c in result.phase_changes if c.phase == COLLAPSE)
-    assert 100 < change.step <= 115
-    assert (
-        change.evidence["reasons"][:2] == ["grad_surge", "entropy_surge"]
-        or "reward_crash" in change.evidence["reasons"]
-    )
+    assert 110 <= change.step <= 115
+    assert change.evidence["reasons"][0] == "reward_crash"
+    assert {"grad_surge", "entropy_surge"} & set(change.evidence["reasons"])
     assert change.evidence["degraded"] is True
     assert "Phases I-II (stagnation, decay) cannot be seen" in change.evidence["explanation"]
     # no likelihood evidence: a training collapse, not an "LLD collapse"
@@ -349,7 +360,11 @@ def test_terminal_signatures(kind: str, metric: str, before: float, after: float
     ((first, last),) = spans(result, kind)
     assert 100 <= first <= 100 + CFG.terminal_window and last == 139
     finding = next(f for f in result.findings if f.kind == kind)
-    assert finding.severity == "critical" and finding.evidence["metric"] == metric
+    assert finding.evidence["metric"] == metric
+    # outcome damage and terminal signatures are critical (phase III); pathologies of the training with the
+    # reward intact are warnings
+    assert finding.severity == ("warning" if kind in PATHOLOGY_KINDS else "critical")
+    assert (COLLAPSE in result.phases) == (kind not in PATHOLOGY_KINDS)
     # the same values without the change: nothing
     assert kind not in run(step_change(metric, before, before)).kinds()
 
@@ -393,26 +408,35 @@ def test_entropy_collapse_needs_a_slide_and_a_plateau() -> None:
 
 
 def test_advantage_collapse_with_hysteresis() -> None:
-    values = base(200, 16)
-    share = np.full(200, 0.2)
-    share[60:140] = 0.7
-    share[140:] = 0.45  # inside the hysteresis band: stays raised
+    """Most groups without reward variance while the reward is flat: a warning after `plateau_window`
+    steps of it, kept inside the hysteresis band; with the reward still rising (every lab run early on,
+    when most groups are all-wrong), nothing."""
+    values = base(260, 16)
+    values[M.REWARD_MEAN] = 0.5 + np.random.default_rng(16).normal(0, 0.01, 260)
+    share = np.full(260, 0.2)
+    share[60:180] = 0.7
+    share[180:] = 0.45  # inside the hysteresis band: stays raised
     values[M.ADV_FRAC_ZERO_STD_GROUPS] = share
     result = run(values)
     ((first, last),) = spans(result, ADVANTAGE_COLLAPSE)
-    assert 60 < first <= 60 + CFG.adv_zero_std_window + CFG.diagnosis_confirm and last == 199
-    share[140:] = 0.1
+    assert 60 + CFG.plateau_window <= first <= 60 + CFG.adv_zero_std_window + CFG.plateau_window
+    assert last == 259
+    share[180:] = 0.1
     ((first2, last2),) = spans(run(values), ADVANTAGE_COLLAPSE)
-    assert first2 == first and last2 < 199
+    assert first2 == first and last2 < 259
+    rising = base(260, 16)
+    rising[M.REWARD_MEAN] = np.linspace(0.1, 0.7, 260) + np.random.default_rng(16).normal(0, 0.01, 260)
+    rising[M.ADV_FRAC_ZERO_STD_GROUPS] = share
+    assert ADVANTAGE_COLLAPSE not in run(rising).kinds()
 
 
 # --- config, state, window ----------------------------------------------------------------------------
 
 
 def test_overrides_are_validated() -> None:
-    cfg = CFG.with_overrides({"warmup_steps": 30, "decay_z": 2, "trend_window": 40.0})
+    cfg = CFG.with_overrides({"warmup_steps": 30, "decay_z": 2, "trend_window": 50.0})
     assert cfg.warmup_steps == 30 and cfg.decay_z == 2.0 and isinstance(cfg.decay_z, float)
-    assert cfg.trend_window == 40 and isinstance(cfg.trend_window, int)
+    assert cfg.trend_window == 50 and isinstance(cfg.trend_window, int)
     assert cfg.longest_window > CFG.longest_window
     assert cfg.required_history == CFG.history_steps  # the history covers every window
     with pytest.raises(ValueError, match="'nope'"):
@@ -425,6 +449,8 @@ def test_overrides_are_validated() -> None:
         {"grad_surge_ratio": 0.5},
         {"trend_window": 0},
         {"decay_z": float("nan")},
+        {"reward_floor": "0"},
+        {"reward_floor": float("inf")},
     ):
         with pytest.raises(ValueError, match=next(iter(bad))):
             CFG.with_overrides(bad)
@@ -612,13 +638,20 @@ def test_reward_crash_signal_needs_a_drop_beyond_noise() -> None:
     reward = 0.6 + rng.normal(0, 0.01, 70)
     reward[-3:] = 0.1
     h = history({M.REWARD_MEAN: reward})
-    ind = signals.reward_crash(h, CFG, 0.1, 0.62, corroborated=False)
+    span = signals.RewardRange(low=0.0, peak=0.62)
+    ind = signals.reward_crash(h, CFG, 0.1, span, corroborated=False)
     assert ind.fired and ind.detail["drop_in_noise_sd"] > CFG.reward_crash_z
     noisy = np.clip(0.4 + rng.normal(0, 0.25, 70), 0, 1)  # small batches: per-step rewards all over
     noisy[-3:] = 0.0
     h2 = history({M.REWARD_MEAN: noisy})
-    assert not signals.reward_crash(h2, CFG, 0.0, 0.9, corroborated=False).fired
-    assert not signals.reward_crash(h, CFG, 0.5, 0.62, corroborated=True).fired  # above half the peak
+    assert not signals.reward_crash(h2, CFG, 0.0, signals.RewardRange(low=0.0, peak=0.9), False).fired
+    assert not signals.reward_crash(h, CFG, 0.5, span, corroborated=True).fired  # above half the range
+    # the same in other units (3r - 1): the same decision and the same drop in noise SDs
+    h3 = history({M.REWARD_MEAN: 3 * reward - 1})
+    moved = signals.reward_crash(
+        h3, CFG, 3 * 0.1 - 1, signals.RewardRange(low=-1.0, peak=3 * 0.62 - 1), False
+    )
+    assert moved.fired and moved.detail["drop_in_noise_sd"] == pytest.approx(ind.detail["drop_in_noise_sd"])
 
 
 def test_likelihood_signals() -> None:

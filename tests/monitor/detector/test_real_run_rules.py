@@ -15,6 +15,7 @@ from monitor.detector import (
     HEALTHY,
     INVALID_ACTION_SURGE,
     KL_BLOWUP,
+    LENGTH_COLLAPSE,
     LENGTH_EXPLOSION,
     LLD_COLLAPSE,
     REWARD_ZERO,
@@ -28,7 +29,9 @@ from monitor.detector.labels import collapse_step
 from monitor.detector.replay import thin
 from monitor.detector.scenarios import collapse_scenario, healthy_scenario, noisy_stagnant_scenario
 
-CFG = DetectorConfig()
+CFG = DetectorConfig(
+    reward_floor=0.0
+)  # the rewards here are success rates: their floor, declared as a user would
 Series = dict[str, np.ndarray]
 
 
@@ -178,9 +181,9 @@ def test_entropy_explosion_warns_and_turns_critical_when_validity_degrades() -> 
 
 def test_phase_cannot_be_healthy_while_a_critical_holds() -> None:
     values = calm(200, 8)
-    values[M.KL_OLD][80:] = 0.5  # a KL blow-up that never ends; the reward stays fine
+    values[M.RESPONSE_LENGTH_MEAN][80:] = 12.0  # responses of a few tokens from step 80 on
     result = run(values)
-    start = first(result, KL_BLOWUP)
+    start = first(result, LENGTH_COLLAPSE)
     assert start is not None
     change = next(c for c in result.phase_changes if c.phase == COLLAPSE)
     assert change.step == start
@@ -188,12 +191,23 @@ def test_phase_cannot_be_healthy_while_a_critical_holds() -> None:
     # attribution: no likelihood evidence, so a training collapse naming the signal
     assert first(result, TRAINING_COLLAPSE) == start and LLD_COLLAPSE not in result.kinds()
     finding = next(f for f in result.findings if f.kind == TRAINING_COLLAPSE)
-    assert KL_BLOWUP in finding.evidence["reasons"]
+    assert LENGTH_COLLAPSE in finding.evidence["reasons"]
+
+
+def test_a_pathology_with_the_outcome_intact_is_a_warning() -> None:
+    """A KL blow-up that never ends while the reward stays fine: a warning for as long as it lasts, and
+    the run stays healthy (a critical page needs outcome damage or a terminal signature)."""
+    values = calm(200, 8)
+    values[M.KL_OLD][80:] = 0.5
+    result = run(values)
+    finding = next(f for f in result.findings if f.kind == KL_BLOWUP)
+    assert finding.severity == "warning" and 80 <= finding.first_step <= 85 and finding.last_step == 199
+    assert COLLAPSE not in result.phases and not criticals(result)
 
 
 def test_recovery_after_the_critical_clears() -> None:
     values = calm(260, 9)
-    values[M.KL_OLD][80:120] = 0.5
+    values[M.RESPONSE_LENGTH_MEAN][80:120] = 12.0
     result = run(values)
     back = next(c for c in result.phase_changes if c.previous_phase == COLLAPSE)
     assert back.phase == HEALTHY and back.evidence["reasons"] == ["recovered"]

@@ -1,0 +1,213 @@
+"""The detector on runs it was not shaped on: any reward units, severity that follows the outcome, warnings
+from the signals every hook version sends, runs that never learned (issue 23)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from contracts import metrics as M
+from monitor.detector import (
+    COLLAPSE,
+    ENTROPY_RISE,
+    LLD_COLLAPSE,
+    LLD_CRASH,
+    NOT_LEARNING,
+    TRAINING_COLLAPSE,
+    DetectorConfig,
+    OfflineResult,
+    detect_offline,
+)
+from monitor.detector.scenarios import collapse_scenario, noisy_stagnant_scenario
+from monitor.eval_harder import affine
+from monitor.evaluation import LabelledRun, labelled_runs, run_config
+from monitor.lab.fixtures import read_fixture
+
+LAB = Path(__file__).resolve().parents[2] / "fixtures" / "lab"
+FOUND = Path(__file__).resolve().parents[2] / "fixtures" / "third_party"
+FOUND_LABELS = Path(__file__).resolve().parents[3] / "monitor" / "eval_labels" / "found_runs.toml"
+CFG = DetectorConfig()
+Series = dict[str, np.ndarray]
+
+
+def findings(run: LabelledRun, config: DetectorConfig = CFG) -> list[tuple[str, str, int, int]]:
+    result = detect_offline(run.steps, run.values, run_config(run, config), run.present)
+    return sorted((f.kind, f.severity, f.first_step, f.last_step) for f in result.findings)
+
+
+def phases(run: LabelledRun) -> list[str]:
+    return detect_offline(run.steps, run.values, run_config(run, CFG), run.present).phases.tolist()
+
+
+def _runs() -> list[LabelledRun]:
+    """Runs of every kind: a generated collapse with hooks, a noisy stagnant control, a lab collapse and
+    a lab control (their exact-match floor declared), and a real run with a signed score (scale-free)."""
+    signed = next(r for r in labelled_runs(FOUND_LABELS, FOUND).runs if r.name.endswith("yeu8r64c"))
+    return [
+        LabelledRun.from_scenario(collapse_scenario(3)),
+        LabelledRun.from_scenario(noisy_stagnant_scenario(4)),
+        read_fixture(LAB / "tiny_lr0.001_spg4_g4_len96_llds-off_n80_s3.jsonl.gz").to_labelled_run(),
+        read_fixture(LAB / "tiny_lr0.0003_spg4_g4_len96_llds-off_n300_s0.jsonl.gz").to_labelled_run(),
+        replace(signed, reward_floor=None),
+    ]
+
+
+RUNS = _runs()
+BASE = [findings(r) for r in RUNS]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    which=st.integers(0, len(RUNS) - 1),
+    a=st.sampled_from([0.25, 0.5, 2.0, 3.0, 10.0]),
+    b=st.sampled_from([-5.0, -1.0, 0.0, 0.5, 2.0]),
+)
+def test_an_affine_change_of_the_reward_changes_no_finding(which: int, a: float, b: float) -> None:
+    """r -> a*r + b (a > 0) is a change of units: every finding (kind, severity, first and last step) is
+    the same, with the run's declared floor moved along or with no floor at all."""
+    run = RUNS[which]
+    assert findings(affine(run, a, b)) == BASE[which]
+    assert findings(affine(replace(run, reward_floor=None), a, b)) == findings(
+        replace(run, reward_floor=None)
+    )
+
+
+def test_a_signed_centred_noisy_reward_is_not_a_collapse() -> None:
+    """Batch-2 noise around zero (-0.9..+0.6), slowly improving over 700 steps: no critical finding (it
+    used to get `reward_zero` from step 9: "20 % of the way from 0 to the peak" means nothing here)."""
+    rng = np.random.default_rng(7)
+    n = 700
+    t = np.arange(n, dtype=np.float64)
+    p = 0.35 + 0.15 * t / n
+    wins = rng.binomial(2, p) / 2.0
+    reward = wins - 0.45 + rng.normal(0, 0.1, n)  # centred on a running baseline
+    values: Series = {
+        M.REWARD_MEAN: reward,
+        M.GRAD_NORM: np.exp(rng.normal(0, 0.3, n)),
+        M.ENTROPY_MEAN: 0.8 * (1 + rng.normal(0, 0.05, n)),
+        M.RESPONSE_LENGTH_MEAN: 400 * (1 + rng.normal(0, 0.05, n)),
+    }
+    result = detect_offline(np.arange(n), values, CFG)
+    assert [f.kind for f in result.findings if f.severity == "critical"] == []
+    assert COLLAPSE not in result.phases
+
+
+def old_hook_crash(n: int = 110, crash: int = 70) -> Series:
+    """A lab run recorded before the anchor set existed: exact deltas and `lld/logp_pos` only. The A > 0
+    likelihood crashes from -0.2 to -1.7 nats within ~15 steps with entropy 0.7 -> 1.9 and length x3, and
+    the reward holds (for now)."""
+    rng = np.random.default_rng(11)
+    t = np.arange(n, dtype=np.float64)
+    ramp = np.clip((t - crash) / 15, 0, 1)
+    return {
+        M.REWARD_MEAN: 0.4 + rng.normal(0, 0.02, n),
+        M.GRAD_NORM: np.exp(rng.normal(0, 0.1, n)),
+        M.LOGP_POS: -0.2 - 1.5 * ramp + rng.normal(0, 0.01, n),
+        M.DELTA_TRAJ_POS: 0.01 - 0.05 * ramp + rng.normal(0, 0.005, n),
+        M.FRAC_TRAJ_DECREASED_POS: 0.3 + 0.4 * ramp + rng.normal(0, 0.02, n),
+        M.ENTROPY_MEAN: (0.7 + 1.2 * ramp) * (1 + rng.normal(0, 0.02, n)),
+        M.RESPONSE_LENGTH_MEAN: 30 * (1 + 2 * ramp) * (1 + rng.normal(0, 0.03, n)),
+    }
+
+
+def test_a_likelihood_crash_with_an_entropy_surge_warns_with_its_caveat() -> None:
+    result = detect_offline(np.arange(110), old_hook_crash(), CFG)
+    crash = next(f for f in result.findings if f.kind == LLD_CRASH)
+    assert crash.severity == "warning" and 70 < crash.first_step <= 85
+    assert "not proof of phase II" in crash.message and "population" in crash.evidence["caveat"]
+    assert set(crash.evidence["with"]) & {"entropy_surge", "length_surge"}
+    # the outcome is intact: no page, no phase III
+    assert not [f for f in result.findings if f.severity == "critical"] and COLLAPSE not in result.phases
+    # without the surges the same likelihood slide is no crash warning
+    calm = old_hook_crash()
+    calm[M.ENTROPY_MEAN] = 0.7 * np.ones(110)
+    calm[M.RESPONSE_LENGTH_MEAN] = 30 * np.ones(110)
+    assert LLD_CRASH not in detect_offline(np.arange(110), calm, CFG).kinds()
+
+
+def test_a_slow_entropy_doubling_with_degrading_validity_warns() -> None:
+    """A 7B agent: entropy ~1.0 -> 2.1 over ~15 steps, invalid actions 4 % -> 15 %, clipped responses 2 % ->
+    12 %, the reward not yet down (the 2x / z >= 4 explosion rule missed it)."""
+    rng = np.random.default_rng(5)
+    n = 120
+    t = np.arange(n, dtype=np.float64)
+    ramp = np.clip((t - 80) / 15, 0, 1)
+    values: Series = {
+        M.REWARD_MEAN: 0.5 + rng.normal(0, 0.02, n),
+        M.GRAD_NORM: np.exp(rng.normal(0, 0.1, n)),
+        M.ENTROPY_MEAN: (1.0 + 1.1 * ramp) * (1 + rng.normal(0, 0.1, n)),
+        M.ACTION_VALID_RATIO: 0.96 - 0.11 * ramp + rng.normal(0, 0.01, n),
+        M.RESPONSE_CLIP_RATIO: 0.02 + 0.10 * ramp + np.abs(rng.normal(0, 0.005, n)),
+        M.RESPONSE_LENGTH_MEAN: 300 * (1 + rng.normal(0, 0.03, n)),
+    }
+    result = detect_offline(np.arange(n), values, CFG)
+    rise = next(f for f in result.findings if f.kind == ENTROPY_RISE)
+    assert rise.severity == "warning" and 80 < rise.first_step <= 100
+    assert not [f for f in result.findings if f.severity == "critical"]
+    steady = dict(values, **{M.ACTION_VALID_RATIO: np.full(n, 0.96), M.RESPONSE_CLIP_RATIO: np.full(n, 0.02)})
+    assert ENTROPY_RISE not in detect_offline(np.arange(n), steady, CFG).kinds()
+
+
+def never_learned(n: int = 120) -> Series:
+    """A freshly initialised model: garbled outputs from the first step, reward ~0 with a rare lucky 1."""
+    rng = np.random.default_rng(9)
+    reward = np.where(rng.random(n) < 0.03, 0.125, 0.0)
+    return {
+        M.REWARD_MEAN: reward,
+        M.GRAD_NORM: np.where(reward > 0, 0.5, 0.0),
+        M.GARBLED_FRAC: 0.8 + rng.normal(0, 0.02, n),
+        M.RESPONSE_LENGTH_MEAN: 80 * (1 + rng.normal(0, 0.05, n)),
+        M.ENTROPY_MEAN: 3.0 * (1 + rng.normal(0, 0.02, n)),
+    }
+
+
+def test_a_run_that_never_learned_is_not_learning_not_collapsed() -> None:
+    result = detect_offline(np.arange(120), never_learned(), DetectorConfig(reward_floor=0.0))
+    assert COLLAPSE not in result.phases and NOT_LEARNING in result.phases
+    finding = next(f for f in result.findings if f.kind == NOT_LEARNING)
+    assert finding.severity == "warning" and finding.first_step <= 10
+    assert not [f for f in result.findings if f.severity == "critical"]
+
+
+def test_a_run_that_learned_and_then_garbled_is_a_collapse() -> None:
+    values = never_learned(200)
+    t = np.arange(200)
+    values[M.GARBLED_FRAC] = np.where(t < 150, 0.01, 0.8)
+    values[M.REWARD_MEAN] = np.where(t < 150, 0.1 + 0.4 * np.minimum(t / 60, 1), 0.0)
+    values[M.GRAD_NORM] = np.ones(200)
+    result = detect_offline(t, values, DetectorConfig(reward_floor=0.0))
+    assert NOT_LEARNING not in result.phases and COLLAPSE in result.phases
+    assert 150 <= (result.first(TRAINING_COLLAPSE, LLD_COLLAPSE) or 0) <= 156
+
+
+def test_a_training_collapse_becomes_an_lld_collapse_when_likelihood_evidence_appears() -> None:
+    """The attribution follows the evidence: a collapse entered on a reward crash alone, then the correct
+    responses' likelihood declines significantly: the finding is now `lld_collapse`."""
+    rng = np.random.default_rng(3)
+    n = 200
+    t = np.arange(n, dtype=np.float64)
+    values: Series = {
+        M.REWARD_MEAN: np.where(t < 100, 0.6, 0.02) + rng.normal(0, 0.01, n),
+        M.GRAD_NORM: np.exp(rng.normal(0, 0.1, n)),
+        M.LOGP_POS: -0.3 + rng.normal(0, 0.01, n),
+        M.LOGP_CORRECT: -0.3 - 0.02 * np.clip(t - 110, 0, None) + rng.normal(0, 0.01, n),
+    }
+    result: OfflineResult = detect_offline(t, values, DetectorConfig(reward_floor=0.0))
+    training = result.first(TRAINING_COLLAPSE)
+    lld = result.first(LLD_COLLAPSE)
+    assert training is not None and 100 <= training <= 105
+    assert lld is not None and lld > training + 5
+
+
+@pytest.mark.parametrize("a", [0.5, 3.0])
+def test_declared_floor_moves_with_the_units(a: float) -> None:
+    run = LabelledRun.from_scenario(collapse_scenario(5))
+    assert run.reward_floor == 0.0
+    moved = affine(run, a, -1.0)
+    assert moved.reward_floor == pytest.approx(-1.0)
+    assert findings(moved) == findings(run)
