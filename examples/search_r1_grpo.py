@@ -2,7 +2,10 @@
 
 A real (small) agentic RL run: the policy answers factual questions by calling a `search(query)` tool
 over a bundled corpus (`examples/corpus/`: 200 short passages, BM25 retrieval with `bm25s`) during its
-rollouts (TRL's `tools=`), and is rewarded by exact match of its final `<answer>...</answer>` span.
+rollouts (TRL's `tools=`), and is rewarded by exact match of its final `<answer>...</answer>` span
+(`--reward-design exact`, the default) or by another reward design built on it (`reward_setup`: format
++ answer, an invalid-action penalty, a centred reward, an action success rate); exact match itself is
+logged in every design (`rewards/exact_match/mean`).
 Training runs through `trainer_hooks.trl.MonitoredGRPOTrainer`, which streams TRL's metrics, the
 likelihood-displacement measurements (`lld/*`) and per-action records to an lldmon service; the run's
 directive policy is set to `auto` there, so the service's detector may switch the LLDS regulariser on.
@@ -231,6 +234,198 @@ def count_searches(completion: Any) -> int:
     if not isinstance(completion, list):
         return 0
     return sum(1 for m in completion if isinstance(m, Mapping) and m.get("role") == "tool")
+
+
+# ------------------------------------------------------------------------------------------------
+# reward designs (`--reward-design`)
+
+REWARD_DESIGNS = ("exact", "composite", "penalty", "centred", "success")
+"""What GRPO optimises. Every design keeps `exact_match` among TRL's reward functions (weight 0 where it is
+not part of the optimised reward), so TRL logs the task success as `rewards/exact_match/mean` at every
+rollout whatever the design: a collapse of the task can then be labelled even when the optimised reward
+is centred or shaped. The lab labels non-`exact` runs on that series (`monitor.lab.fixtures`)."""
+
+TASK_SUCCESS_REWARD = "exact_match"
+"""Name of the reward function that is the task's success (TRL logs `rewards/<name>/mean`)."""
+
+INVALID_ACTION_PENALTY = 0.1
+"""`penalty`: subtracted per invalid action, so a wrong answer with invalid calls scores below 0."""
+
+CENTRED_DECAY = 0.9
+"""`centred`: the baseline is an exponential moving average of past rollout batches' mean exact match
+with this decay (a half-life of about 6.6 rollout batches)."""
+
+_TOOL_CALL_MARK = "<tool_call>"
+_TOOL_ERROR_PREFIX = "{'error'"
+"""TRL's tool-result text for a call that failed (`str({"error": message})`: unknown tool, bad arguments,
+an exception in the tool)."""
+
+
+def _message_text(message: Mapping[str, Any]) -> str:
+    content = message.get("content") or ""
+    if isinstance(content, list):  # content blocks
+        content = "".join(str(b.get("text", "")) for b in content if isinstance(b, Mapping))
+    return str(content)
+
+
+def action_counts(completion: Any) -> tuple[int, int, int]:
+    """(executed, failed, unrun) tool calls of one trajectory.
+
+    executed: tool results in the trajectory (each is a call TRL ran); failed: those whose result is
+    TRL's error text; unrun: calls written but never run, either text the response parser could not
+    read as a call (a `<tool_call>` marker left in an assistant turn, e.g. cut off by the length limit)
+    or the calls of a final assistant turn (the tool budget or the length limit ended the rollout
+    before they ran). A plain-text completion has no parsed calls: every marker in it is unrun.
+    """
+    if isinstance(completion, str):
+        return 0, 0, completion.count(_TOOL_CALL_MARK)
+    if not isinstance(completion, list):
+        return 0, 0, 0
+    messages = [m for m in completion if isinstance(m, Mapping)]
+    executed = failed = unrun = 0
+    for message in messages:
+        if message.get("role") == "tool":
+            executed += 1
+            failed += _message_text(message).startswith(_TOOL_ERROR_PREFIX)
+        elif message.get("role") == "assistant":
+            unrun += _message_text(message).count(_TOOL_CALL_MARK)
+    if messages and messages[-1].get("role") == "assistant":
+        unrun += len(messages[-1].get("tool_calls") or [])
+    return executed, failed, unrun
+
+
+def invalid_actions(completion: Any) -> int:
+    """Tool calls of one trajectory that did not run as a valid search: failed plus unrun calls."""
+    _, failed, unrun = action_counts(completion)
+    return failed + unrun
+
+
+def format_score(completion: Any) -> float:
+    """0..1: 0.5 for a final turn with a non-empty `<answer>` span, 0.5 for well-formed tool use (at
+    least one search, and no invalid action)."""
+    answer = extract_answer(final_text(completion))
+    score = 0.5 if answer else 0.0
+    if count_searches(completion) > 0 and invalid_actions(completion) == 0:
+        score += 0.5
+    return score
+
+
+def format_reward(completions: list[Any], **kwargs: Any) -> list[float]:
+    """`composite`'s format part (0..1); TRL adds `exact_match` to it, so the reward is 0..2."""
+    return [format_score(c) for c in completions]
+
+
+def invalid_action_penalty(completions: list[Any], **kwargs: Any) -> list[float]:
+    """`penalty`'s part: -0.1 per invalid action (<= 0); TRL adds `exact_match` to it."""
+    return [-INVALID_ACTION_PENALTY * invalid_actions(c) for c in completions]
+
+
+def _contains_answer(text: str, answers: Sequence[str]) -> bool:
+    """Whether a gold answer appears in `text` as whole words after normalisation."""
+    haystack = f" {normalize_answer(text)} "
+    return any(bool(norm) and f" {norm} " in haystack for norm in (normalize_answer(a) for a in answers))
+
+
+def action_success_rate(completion: Any, answers: Sequence[str]) -> float:
+    """0..1: the share of the trajectory's actions that succeeded. Actions: every tool call (a search
+    succeeds when its result holds a gold answer; failed and unrun calls do not) and the final answer
+    (it succeeds on an exact match)."""
+    executed, _, unrun = action_counts(completion)
+    found = 0
+    if isinstance(completion, list):
+        found = sum(
+            1
+            for m in completion
+            if isinstance(m, Mapping)
+            and m.get("role") == "tool"
+            and not _message_text(m).startswith(_TOOL_ERROR_PREFIX)
+            and _contains_answer(_message_text(m), answers)
+        )
+    answered = exact_match(extract_answer(final_text(completion)), answers)
+    return (found + int(answered)) / (executed + unrun + 1)
+
+
+def success_rate_reward(completions: list[Any], answers: list[Sequence[str]], **kwargs: Any) -> list[float]:
+    """`success`: `action_success_rate` per trajectory."""
+    return [action_success_rate(c, gold) for c, gold in zip(completions, answers, strict=True)]
+
+
+class RunningBaseline:
+    """An exponential moving average of past batch means: `centre` returns a batch minus the baseline
+    of the batches before it (the first batch: minus its own mean), then folds the batch's mean in."""
+
+    def __init__(self, decay: float = CENTRED_DECAY) -> None:
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"decay must be in [0, 1), got {decay!r}")
+        self.decay = decay
+        self.value: float | None = None
+
+    def centre(self, rewards: Sequence[float]) -> list[float]:
+        if not rewards:
+            return []
+        mean = sum(rewards) / len(rewards)
+        baseline = mean if self.value is None else self.value
+        self.value = mean if self.value is None else self.decay * self.value + (1.0 - self.decay) * mean
+        return [r - baseline for r in rewards]
+
+
+def make_centred_reward(baseline: RunningBaseline) -> Callable[..., list[float]]:
+    """`centred`: exact match minus `baseline` (signed, near 0 on average). The baseline is one number
+    per rollout batch, and GRPO subtracts each group's mean anyway, so the advantages (and the
+    training) are those of `exact` up to rounding; what changes is the logged reward."""
+
+    def centred_exact_match(
+        completions: list[Any], answers: list[Sequence[str]], **kwargs: Any
+    ) -> list[float]:
+        return baseline.centre(exact_match_reward(completions, answers))
+
+    return centred_exact_match
+
+
+CENTRED_SUCCESS_THRESHOLD = 1e-6
+"""`centred`: a right answer scores 1 - baseline > 0 and a wrong one -baseline <= 0 (while the baseline
+is below 1), so "correct" (lldmon's `success_threshold`) is a positive reward."""
+
+
+@dataclass(frozen=True)
+class RewardSetup:
+    """What `--reward-design` passes to the trainer."""
+
+    funcs: list[Callable[..., list[float]]]
+    weights: list[float] | None
+    """GRPOConfig.reward_weights; None: TRL's default (1 each)."""
+    success_threshold: float | None
+    """MonitoredGRPOTrainer's `success_threshold` (a response is "correct" when its weighted reward is
+    >= this); None: the trainer's default (1.0, right for exact match)."""
+
+
+def reward_setup(design: str, exact: Callable[..., list[float]]) -> RewardSetup:
+    """The reward functions of `design`; `exact` is the `exact_match` reward function (named so: TRL
+    logs `rewards/exact_match/mean` from its name).
+
+    - exact: exact match alone (0/1), TRL's defaults.
+    - composite: `format_reward` + exact match, 0..2; correct from 1.5 (a right answer has its span).
+    - penalty: exact match - 0.1 per invalid action (below 0 for a wrong answer with invalid calls);
+      correct from 0.5.
+    - centred: exact match minus the running baseline (weight 1) and exact match (weight 0, logged).
+    - success: `action_success_rate` (weight 1) and exact match (weight 0, logged); correct at 1.0
+      (every action succeeded).
+    """
+    if getattr(exact, "__name__", None) != TASK_SUCCESS_REWARD:
+        raise ValueError(f"the exact-match reward function must be named {TASK_SUCCESS_REWARD!r}")
+    if design == "exact":
+        return RewardSetup([exact], None, None)
+    if design == "composite":
+        return RewardSetup([format_reward, exact], None, 1.5)
+    if design == "penalty":
+        return RewardSetup([invalid_action_penalty, exact], None, 0.5)
+    if design == "centred":
+        return RewardSetup(
+            [make_centred_reward(RunningBaseline()), exact], [1.0, 0.0], CENTRED_SUCCESS_THRESHOLD
+        )
+    if design == "success":
+        return RewardSetup([success_rate_reward, exact], [1.0, 0.0], 1.0)
+    raise ValueError(f"unknown reward design {design!r}; known: {', '.join(REWARD_DESIGNS)}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -663,6 +858,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=16, help="sequences per optimizer step")
     p.add_argument("--steps-per-generation", type=int, default=2, help="optimizer steps per rollout batch")
     p.add_argument("--num-generations", type=int, default=4, help="completions per question (GRPO group)")
+    p.add_argument(
+        "--reward-design",
+        choices=REWARD_DESIGNS,
+        default="exact",
+        help="optimised reward (`reward_setup`): exact match; composite = format + exact match (0..2); "
+        "penalty = exact match - 0.1 per invalid action; centred = exact match - a running baseline; "
+        "success = share of the trajectory's actions that succeeded. Exact match is logged in every design",
+    )
+    p.add_argument(
+        "--beta",
+        type=float,
+        default=0.0,
+        help="KL coefficient to the reference policy (the policy GRPO starts from, after the warm-up)",
+    )
     p.add_argument("--max-completion-length", type=int, default=96)
     p.add_argument("--max-tool-calls", type=int, default=2)
     p.add_argument("--top-k", type=int, default=None, help="passages per search (default: tiny 1, else 3)")
@@ -778,6 +987,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         stats.searches += [count_searches(c) for c in completions]
         return rewards
 
+    rewards = reward_setup(args.reward_design, exact_match)
+
     config = {
         "model": args.model,
         "algorithm": "GRPO (TRL, tools=)",
@@ -791,6 +1002,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "max_completion_length": args.max_completion_length,
         "top_k": top_k,
     }
+    # only where not the default, so that a default run registers the same config as before
+    if args.reward_design != "exact":
+        config["reward_design"] = args.reward_design
+    if args.beta != 0.0:
+        config["beta"] = args.beta
     client = None
     run_id = None
     if args.lldmon_url:
@@ -844,6 +1060,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"entropy {float(logs.get('entropy', math.nan)):.3f}{llds}"
             )
 
+    threshold: dict[str, Any] = {}  # the trainer's default (1.0) unless the design has its own
+    if rewards.success_threshold is not None:
+        threshold["success_threshold"] = rewards.success_threshold
+    optional: dict[str, Any] = {}
+    if rewards.weights is not None:
+        optional["reward_weights"] = rewards.weights
+    if args.beta != 0.0:
+        # TRL builds its reference model from `config._name_or_path`, which a model built in code (tiny)
+        # or read from a GGUF file does not have: the policy GRPO starts from is saved and named instead
+        reference = output_dir / "reference"
+        model.save_pretrained(str(reference))
+        model.config._name_or_path = str(reference)
     grpo_args = GRPOConfig(
         output_dir=str(output_dir / "trl"),
         per_device_train_batch_size=args.batch_size,
@@ -855,7 +1083,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_steps=args.steps,
         learning_rate=lr,
         lr_scheduler_type="constant",
-        beta=0.0,
+        beta=args.beta,
         temperature=args.temperature,
         logging_steps=1,
         save_strategy="no",
@@ -866,10 +1094,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
         dataloader_num_workers=0,
         disable_tqdm=True,
+        **optional,
     )
     trainer = MonitoredGRPOTrainer(
         model=model,
-        reward_funcs=exact_match,
+        reward_funcs=rewards.funcs if len(rewards.funcs) > 1 else rewards.funcs[0],
         args=grpo_args,
         train_dataset=dataset,
         processing_class=tokenizer,
@@ -881,6 +1110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         anchor_size=args.anchor_size,
         anchor_interval=args.anchor_interval,
         **llds_kwargs(MonitoredGRPOTrainer, args.llds, args.llds_lambda),
+        **threshold,
     )
     progress.trainer = trainer
     trainer.remove_callback(PrinterCallback)  # Progress prints one line per step instead of the raw dict
@@ -888,7 +1118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         log(
             f"GRPO: {args.steps} steps, {args.batch_size} sequences per step, "
-            f"{args.steps_per_generation} steps per rollout batch, groups of {args.num_generations}"
+            f"{args.steps_per_generation} steps per rollout batch, groups of {args.num_generations}, "
+            f"reward {args.reward_design}, beta {args.beta:g}"
         )
         trainer.train()
     except KeyboardInterrupt:
@@ -908,6 +1139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "run_name": run_name,
         "run_id": run_id,
         "model": args.model,
+        "reward_design": args.reward_design,
         "status": status,
         "steps": int(trainer.state.global_step),
         "trajectories": n,

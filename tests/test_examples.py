@@ -193,3 +193,167 @@ def test_two_grpo_steps_against_smollm2(tmp_path: Path) -> None:
         series = server.series(server.run_id("smollm2-two-steps", "demo"))
         assert series["grad/norm"]["steps"] == [1, 2]
         assert "reward/mean" in series and "entropy/mean" in series
+
+
+# ----------------------------------------------------------------------------------------------
+# reward designs (`--reward-design`)
+
+
+def _call(query: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": "search", "arguments": {"query": query}}}
+
+
+KENYA = "Kenya: Kenya is a country in East Africa. Its capital is Nairobi."
+OTHER = "Peru: Peru is a country in South America."
+ERROR = "{'error': \"search() got an unexpected keyword argument 'q'\"}"  # TRL's text for a failed call
+
+
+def _trajectory(
+    *results: str, answer: str | None = "Nairobi", unrun: int = 0, cut: bool = False
+) -> list[Any]:
+    """A conversational completion as TRL builds it: one call + result per `results`, then a final turn
+    with `answer` (or with `unrun` calls that never ran, or a call cut off mid-text)."""
+    messages: list[Any] = []
+    for result in results:
+        messages += [
+            {"role": "assistant", "content": "", "tool_calls": [_call("capital Kenya")]},
+            {"role": "tool", "name": "search", "content": result},
+        ]
+    if unrun:
+        messages.append({"role": "assistant", "content": "", "tool_calls": [_call("x")] * unrun})
+        return messages
+    text = "" if answer is None else f"<answer> {answer}</answer>"
+    if cut:
+        text += '<tool_call>\n{"name": "search", "arguments": {"query": "capit'
+    messages.append({"role": "assistant", "content": text})
+    return messages
+
+
+def test_invalid_actions_count_failed_unparsed_and_unrun_calls(ex: ModuleType) -> None:
+    assert ex.action_counts(_trajectory(KENYA)) == (1, 0, 0)
+    assert ex.invalid_actions(_trajectory(KENYA)) == 0
+    assert ex.action_counts(_trajectory(ERROR, KENYA)) == (2, 1, 0)  # a failed call
+    assert ex.action_counts(_trajectory(KENYA, cut=True)) == (1, 0, 1)  # a call the parser could not read
+    assert ex.action_counts(_trajectory(KENYA, unrun=2)) == (1, 0, 2)  # calls past the tool budget
+    assert ex.invalid_actions(_trajectory(ERROR, ERROR, unrun=1)) == 3
+    assert ex.invalid_actions("<answer>x</answer> <tool_call> <tool_call>") == 2  # plain text: no call ran
+    assert ex.invalid_actions(None) == 0
+
+
+def test_format_score(ex: ModuleType) -> None:
+    assert ex.format_score(_trajectory(KENYA)) == 1.0  # an answer span and one valid search
+    assert ex.format_score(_trajectory(KENYA, answer="Lima")) == 1.0  # format, not correctness
+    assert ex.format_score(_trajectory()) == 0.5  # an answer, no search
+    assert ex.format_score(_trajectory(KENYA, answer=None)) == 0.5  # a search, no answer
+    assert ex.format_score(_trajectory(ERROR, answer=None)) == 0.0  # an invalid call, no answer
+    assert ex.format_score(_trajectory(KENYA, ERROR)) == 0.5  # an invalid call spoils the tool format
+    assert ex.format_score(_trajectory(KENYA, answer="")) == 0.5  # an empty span is no answer
+
+
+def _setup(ex: ModuleType, design: str) -> Any:
+    def exact_match(completions: list[Any], answers: list[Any], **kwargs: Any) -> list[float]:
+        return list(ex.exact_match_reward(completions, answers))
+
+    return ex.reward_setup(design, exact_match)
+
+
+def _total(setup: Any, completions: list[Any], answers: list[Any]) -> list[float]:
+    """TRL's reward: the weighted sum over the reward functions (weight 1 where none is given)."""
+    columns = [f(completions=completions, answers=answers) for f in setup.funcs]
+    weights = setup.weights or [1.0] * len(columns)
+    return [sum(w * c[i] for w, c in zip(weights, columns, strict=True)) for i in range(len(completions))]
+
+
+def test_every_design_logs_exact_match(ex: ModuleType) -> None:
+    from monitor.lab.grid import REWARD_DESIGNS
+    from monitor.lab.results import TASK_SUCCESS
+
+    assert tuple(ex.REWARD_DESIGNS) == REWARD_DESIGNS  # the lab's grid offers the script's designs
+    assert f"rewards/{ex.TASK_SUCCESS_REWARD}/mean" == TASK_SUCCESS  # the name TRL logs it under
+    for design in ex.REWARD_DESIGNS:
+        setup = _setup(ex, design)
+        names = [f.__name__ for f in setup.funcs]
+        assert names.count("exact_match") == 1 and len(set(names)) == len(names), design
+        assert setup.weights is None or len(setup.weights) == len(setup.funcs)
+    exact = _setup(ex, "exact")
+    assert len(exact.funcs) == 1 and exact.weights is None and exact.success_threshold is None
+    with pytest.raises(ValueError, match="unknown reward design"):
+        _setup(ex, "dense")
+    with pytest.raises(ValueError, match="must be named 'exact_match'"):
+        ex.reward_setup("exact", ex.exact_match_reward)
+    args = ex.parse_args([])
+    assert args.reward_design == "exact" and args.beta == 0.0  # the defaults train as before
+
+
+def test_composite_and_penalty_values_and_floors(ex: ModuleType) -> None:
+    gold = [["Nairobi"]]
+    cases = {
+        "right, searched": _trajectory(KENYA),
+        "right, no search": _trajectory(),
+        "wrong, searched": _trajectory(OTHER, answer="Lima"),
+        "no answer, two failed calls, one unrun": _trajectory(ERROR, ERROR, unrun=1),
+        "right after a failed call": _trajectory(ERROR, KENYA),
+    }
+    completions = list(cases.values())
+    composite = _total(_setup(ex, "composite"), completions, gold * len(completions))
+    assert composite == [2.0, 1.5, 1.0, 0.0, 1.5]
+    assert all(0.0 <= r <= 2.0 for r in composite)
+    penalty = _total(_setup(ex, "penalty"), completions, gold * len(completions))
+    assert penalty == pytest.approx([1.0, 1.0, 0.0, -0.3, 0.9])
+    assert min(penalty) < 0  # the floor is below zero
+    # the design's success threshold splits right from wrong answers
+    for design, totals in (("composite", composite), ("penalty", penalty)):
+        threshold = _setup(ex, design).success_threshold
+        right = [r >= threshold for r in totals]
+        assert right == [True, True, False, False, True], design
+
+
+def test_centred_reward_is_signed_and_centred(ex: ModuleType) -> None:
+    baseline = ex.RunningBaseline(decay=0.5)
+    assert baseline.centre([1.0, 0.0, 0.0, 1.0]) == [0.5, -0.5, -0.5, 0.5]  # first batch: its own mean
+    assert baseline.value == 0.5
+    assert baseline.centre([1.0, 1.0, 1.0, 1.0]) == [0.5] * 4  # then the baseline of the batches before
+    assert baseline.value == 0.75
+    assert baseline.centre([]) == [] and baseline.value == 0.75
+    with pytest.raises(ValueError, match="decay"):
+        ex.RunningBaseline(decay=1.0)
+    # on a stationary success rate of 0.25 the logged reward is signed and its mean near 0
+    setup = _setup(ex, "centred")
+    assert setup.weights == [1.0, 0.0]  # exact match logged, not optimised
+    right, wrong = _trajectory(), _trajectory(answer="Lima")
+    batch = [right, wrong, wrong, wrong] * 4
+    means = []
+    for _ in range(30):
+        rewards = _total(setup, batch, [["Nairobi"]] * len(batch))
+        means.append(sum(rewards) / len(rewards))
+        assert min(rewards) < 0 < max(rewards)
+        assert all(
+            (r >= setup.success_threshold) == (c is right) for r, c in zip(rewards, batch, strict=True)
+        )
+    assert max(abs(m) for m in means) < 1e-6
+    # a collapse of the task: the centred reward goes negative, then back towards 0 as the baseline follows
+    collapsed = [_total(setup, [wrong] * 16, [["Nairobi"]] * 16)[0] for _ in range(40)]
+    assert collapsed[0] == pytest.approx(-0.25) and -0.01 < collapsed[-1] < 0
+    # GRPO sees the same advantages as with exact match: a constant per batch leaves group deviations
+    exact_rewards = ex.exact_match_reward(batch, [["Nairobi"]] * len(batch))
+    centred = ex.make_centred_reward(ex.RunningBaseline())(batch, [["Nairobi"]] * len(batch))
+    for g in range(0, len(batch), 4):
+        a, b = exact_rewards[g : g + 4], centred[g : g + 4]
+        assert [x - sum(a) / 4 for x in a] == pytest.approx([y - sum(b) / 4 for y in b])
+
+
+def test_success_rate_reward(ex: ModuleType) -> None:
+    gold = ["Nairobi"]
+    assert ex.action_success_rate(_trajectory(KENYA), gold) == 1.0  # found it, answered it
+    assert ex.action_success_rate(_trajectory(), gold) == 1.0  # answered without a search
+    assert ex.action_success_rate(_trajectory(KENYA, answer="Lima"), gold) == 0.5
+    assert ex.action_success_rate(_trajectory(OTHER), gold) == 0.5
+    assert ex.action_success_rate(_trajectory(OTHER, KENYA), gold) == pytest.approx(2 / 3)
+    assert ex.action_success_rate(_trajectory(ERROR, answer="Lima"), gold) == 0.0
+    assert ex.action_success_rate(_trajectory(KENYA, unrun=1), gold) == 1 / 3  # unrun call, no answer
+    assert ex.action_success_rate(_trajectory(OTHER), ["Peru"]) == 0.5  # whole words after normalising
+    assert ex.action_success_rate(_trajectory("Nairobian food"), gold) == 0.5  # not a word of the result
+    setup = _setup(ex, "success")
+    assert setup.weights == [1.0, 0.0] and setup.success_threshold == 1.0
+    rewards = _total(setup, [_trajectory(KENYA), _trajectory(OTHER)], [gold, gold])
+    assert rewards == [1.0, 0.5] and all(0.0 <= r <= 1.0 for r in rewards)

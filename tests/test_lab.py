@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from monitor.detector.labels import collapse_step, trailing_means
 from monitor.lab.grid import (
     PRESETS,
+    REWARD_DESIGNS,
     GridError,
     GridSpec,
     Setting,
@@ -31,7 +32,14 @@ from monitor.lab.grid import (
     parse_list,
     resolve_grid,
 )
-from monitor.lab.results import analyse, group_stats, render_markdown, summary_payload
+from monitor.lab.results import (
+    TASK_SUCCESS,
+    analyse,
+    group_stats,
+    label_metric,
+    render_markdown,
+    summary_payload,
+)
 
 # ----------------------------------------------------------------------------------------------
 # the collapse label
@@ -205,6 +213,61 @@ def test_script_args_per_llds_mode() -> None:
     assert "--num-iterations" not in auto
     assert args(Setting(num_iterations=2))["--num-iterations"] == "2"
     assert args(Setting(llds="auto", policy="alert"))["--policy"] == "alert"
+
+
+def test_reward_design_and_beta_in_keys_only_when_not_default() -> None:
+    default = Setting(lr=1e-3, steps_per_generation=4, steps=80)
+    # the key of every committed fixture (tests/fixtures/lab) is still what it was
+    assert default.key == "tiny_lr0.001_spg4_g4_len96_llds-off_n80"
+    assert Setting(lr=1e-3, steps_per_generation=4, steps=80, reward_design="exact", beta=0.0) == default
+    flags = default.script_args()
+    assert "--reward-design" not in flags and "--beta" not in flags  # the default command, as before
+    centred = Setting(lr=1e-3, steps_per_generation=4, steps=80, reward_design="centred", beta=0.04)
+    assert centred.key == "tiny_lr0.001_spg4_g4_len96_rw-centred_beta0.04_llds-off_n80"
+    args = dict(zip(centred.script_args()[::2], centred.script_args()[1::2], strict=True))
+    assert args["--reward-design"] == "centred" and args["--beta"] == "0.04"
+    g8 = Setting(num_generations=8, reward_design="penalty")
+    assert "_g8_" in g8.key and "rw-penalty" in g8.key and "beta" not in g8.key
+    assert centred.as_dict()["reward_design"] == "centred" and centred.as_dict()["beta"] == 0.04
+    spec = GridSpec(reward_design=REWARD_DESIGNS, beta=(None, 0.0, 0.04), num_generations=(4, 8))
+    runs = expand(spec)
+    assert len(runs) == len(REWARD_DESIGNS) * 2 * 2  # beta 0 is the default: one setting, one key
+    assert len({r.key for r in runs}) == len(runs)
+    specs = resolve_grid(None, [], {"reward_design": ["composite", "success"], "beta": [0.1]})
+    assert {(r.setting.reward_design, r.setting.beta) for r in expand(specs)} == {
+        ("composite", 0.1),
+        ("success", 0.1),
+    }
+    with pytest.raises(GridError, match="reward_design"):
+        resolve_grid(None, [], {"reward_design": ["dense"]})
+    with pytest.raises(GridError, match="reward_design"):
+        resolve_grid(None, [], {"reward_design": ["default"]})
+    with pytest.raises(GridError, match="beta"):
+        Setting(beta=-0.1)
+
+
+def test_label_series_per_reward_design() -> None:
+    """Runs of a design other than `exact` are labelled on the task's success where it was logged."""
+    assert label_metric(None) == label_metric({}) == label_metric({"reward_design": "exact"}) == "reward/mean"
+    assert label_metric({"reward_design": "centred"}) == TASK_SUCCESS
+    assert label_metric({"reward_design": "centred"}, available=["reward/mean"]) == "reward/mean"
+    # a centred reward of a collapsing task: signed, near 0; the task success says what happened
+    success = [0.3] * 20 + [0.0] * 40
+    baseline, centred = None, []
+    for value in success:
+        baseline = value if baseline is None else 0.9 * baseline + 0.1 * value
+        centred.append(value - baseline)
+    record = _record("c", "g", 0, centred)
+    record["setting"] = {"steps": 60, "llds": "off", "reward_design": "centred"}
+    record["task_success"] = {"steps": list(range(1, 61)), "values": success}
+    d = analyse(record)
+    assert d.collapse_step == collapse_step(range(1, 61), success) is not None
+    assert d.best_reward == pytest.approx(0.3) and d.final_reward == 0.0
+    assert analyse({**record, "task_success": {"steps": [], "values": []}}).collapse_step == collapse_step(
+        range(1, 61), centred
+    )
+    exact = {**record, "setting": {"steps": 60, "llds": "off"}}
+    assert analyse(exact).collapse_step == collapse_step(range(1, 61), centred)  # exact: reward/mean
 
 
 def test_presets_and_layering(tmp_path: Path) -> None:
@@ -415,6 +478,7 @@ for flag in ("--lldmon-url", "--project", "--run-name", "--policy", "--output-di
     p.add_argument(flag)
 p.add_argument("--seed", type=int)
 p.add_argument("--steps", type=int)
+p.add_argument("--reward-design", default="exact")
 args, _ = p.parse_known_args()
 if args.seed == 13:
     print("model: broken on purpose", flush=True)
@@ -424,7 +488,10 @@ run = httpx.post(api + "/runs", json={"name": args.run_name, "project": args.pro
 httpx.put(f"{api}/runs/{run['id']}/policy", json={"policy": args.policy}).raise_for_status()
 steps = list(range(1, args.steps + 1))
 rewards = [0.4 if s < args.steps // 2 else 0.0 for s in steps] if args.seed == 1 else [0.4] * len(steps)
-body = {"batch_id": uuid.uuid4().hex, "steps": steps, "metrics": {"reward/mean": rewards}}
+metrics = {"reward/mean": rewards, "rewards/exact_match/mean": rewards}
+if args.reward_design == "centred":  # the task collapses; the logged reward is signed, near 0
+    metrics["reward/mean"] = [(-0.01 if s % 2 else 0.01) for s in steps]
+body = {"batch_id": uuid.uuid4().hex, "steps": steps, "metrics": metrics}
 httpx.post(f"{api}/runs/{run['id']}/metrics", json=body).raise_for_status()
 httpx.post(f"{api}/runs/{run['id']}/finish", json={"status": "finished"}).raise_for_status()
 print("SUMMARY " + json.dumps({"status": "finished", "steps": args.steps}), flush=True)
@@ -461,6 +528,15 @@ def test_runner_with_a_fake_script(tmp_path: Path) -> None:
     assert again.failed == [r.key for r in runs if r.seed == 13]
     # it never registered a run, so its name is free again: the same log, appended to
     assert (out / "logs" / f"{again.failed[0]}.log").read_text().count("broken on purpose") == 2
+
+    # a centred run is labelled on the task success the script logged, not on its signed reward
+    centred = expand(GridSpec(seeds=(1,), steps=60, reward_design=("centred",)))
+    centred_out = tmp_path / "lab-centred"
+    assert run_lab(LabOptions(out=centred_out, runs=centred, script=script, poll_seconds=0.2), console).ran
+    (row,) = json.loads((centred_out / "summary.json").read_text())["runs"]
+    assert "rw-centred" in row["key"] and row["collapse_step"] == expected
+    (record,) = (centred_out / "runs").glob("*.json")
+    assert json.loads(record.read_text())["task_success"]["values"][0] == 0.4
 
     # a grid that needs a flag the script lacks stops before starting anything
     with pytest.raises(LabError, match="num-iterations"):

@@ -53,6 +53,15 @@ def lab_run(
     max_completion_length: Annotated[
         str | None, typer.Option(help="Completion lengths (comma-separated).")
     ] = None,
+    reward_design: Annotated[
+        str | None,
+        typer.Option(
+            help="Reward designs (comma-separated): exact (default), composite, penalty, centred, success."
+        ),
+    ] = None,
+    beta: Annotated[
+        str | None, typer.Option(help=f"KL coefficients to the reference policy ({_LIST}: 0).")
+    ] = None,
     llds: Annotated[
         str | None, typer.Option(help="LLDS modes: off, on (static), auto (policy auto).")
     ] = None,
@@ -93,6 +102,8 @@ def lab_run(
         "num_generations": _opt(num_generations, int),
         "num_iterations": _opt(num_iterations, int),
         "max_completion_length": _opt(max_completion_length, int),
+        "reward_design": _opt(reward_design, str),
+        "beta": _opt(beta, float),
         "llds": _opt(llds, str),
         "llds_lambda": _opt(llds_lambda, float),
         "steps": steps,

@@ -3,7 +3,8 @@
 Format: one gzip JSONL file per run, `<key>.jsonl.gz`, strict JSON (non-finite values as the strings
 "NaN", "Infinity", "-Infinity", as on the ingest wire):
 - line 1, the header: `{"format": "lldmon-lab-run/1", "name", "key", "group", "seed", "source": "lab",
-  "label": {"collapses": bool, "collapse_step": int | null, "rule": RULE}, "settings": {...},
+  "label": {"collapses": bool, "collapse_step": int | null, "rule": RULE[, "series": name]},
+  "settings": {...},
   "command": the exact training command that made the run, "lab_command": the `lldmon lab run` command,
   "steps": number of step lines, "lldmon_live": what the live service said (alerts, phase events,
   directives)}`;
@@ -11,9 +12,13 @@ Format: one gzip JSONL file per run, `<key>.jsonl.gz`, strict JSON (non-finite v
   the hooks sent at that step (TRL's scalars, `lld/*`, `llds/*`, ...), exactly as the example script's
   `--metrics-jsonl` wrote them.
 
-The label is `monitor.detector.labels.collapse_step` (the one collapse rule) of the `reward/mean`
-values in the step lines, recomputed by `export`; `load_fixtures` returns the runs as
-`monitor.evaluation.LabelledRun`s with source "lab".
+The label is `monitor.detector.labels.collapse_step` (the one collapse rule) of one series of the step
+lines, recomputed by `export`: `reward/mean`, or, for a run whose reward design (`settings.reward_design`,
+the script's `--reward-design`) is not `exact`, the task's success `rewards/exact_match/mean` where the
+run logged it (`monitor.lab.results.label_metric`, which says why). A label on the task success names
+it in `"series"`; a label without `"series"` is on `reward/mean` (every fixture made before reward
+designs, unchanged). `load_fixtures` returns the runs as `monitor.evaluation.LabelledRun`s with source
+"lab"; the detector sees every metric, the optimised reward under `reward/mean` as always.
 
 The fixtures of the repository live in `tests/fixtures/lab/` (test data of a source checkout, like the
 third-party logs in ../shared/datasets: not shipped in the wheel); `lldmon eval` finds them there in a
@@ -41,6 +46,8 @@ import numpy as np
 from contracts import metrics as M
 from monitor.detector.labels import RULE, collapse_step
 from monitor.evaluation import SOURCE_LAB, LabelledRun
+from monitor.lab.grid import REWARD_FLOORS
+from monitor.lab.results import FINISHED, analyse, label_metric, read_records
 
 __all__ = [
     "FORMAT",
@@ -81,6 +88,7 @@ class RecordedRun:
         """The run for `monitor.evaluation`: every metric as a column (NaN where not logged), `present`
         True where a value was logged (NaN included), the header's label and group, source "lab"."""
         label = self.header["label"]
+        settings = self.header.get("settings") or {}
         steps = np.asarray(self.steps, dtype=np.int64)
         names = sorted({k for r in self.rows for k in r})
         values: dict[str, np.ndarray] = {}
@@ -103,6 +111,7 @@ class RecordedRun:
             collapses=bool(label["collapses"]),
             collapse_step=label["collapse_step"],
             source=str(self.header.get("source", SOURCE_LAB)),
+            reward_floor=REWARD_FLOORS.get(str(settings.get("reward_design") or "exact")),
         )
 
 
@@ -129,11 +138,20 @@ def _wire(value: float) -> float | str:
     return value
 
 
-def label_of(steps: Sequence[int], rows: Sequence[Mapping[str, float]]) -> dict[str, Any]:
-    """The label of a recorded run: the one collapse rule on its `reward/mean` values."""
-    pairs = [(s, r[M.REWARD_MEAN]) for s, r in zip(steps, rows, strict=True) if M.REWARD_MEAN in r]
+def label_of(
+    steps: Sequence[int], rows: Sequence[Mapping[str, float]], settings: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The label of a recorded run: the one collapse rule on the series `label_metric(settings)` names
+    (`reward/mean` unless the reward design is not `exact`); `"series"` names it when it is not
+    `reward/mean`."""
+    logged = {name for row in rows for name in row}
+    name = label_metric(settings, logged)
+    pairs = [(s, r[name]) for s, r in zip(steps, rows, strict=True) if name in r]
     step = collapse_step([s for s, _ in pairs], [v for _, v in pairs])
-    return {"collapses": step is not None, "collapse_step": step, "rule": RULE}
+    label: dict[str, Any] = {"collapses": step is not None, "collapse_step": step, "rule": RULE}
+    if name != M.REWARD_MEAN:
+        label["series"] = name
+    return label
 
 
 def _step_line(line: str, where: str) -> tuple[int, dict[str, float]]:
@@ -239,8 +257,6 @@ def export_lab(lab_dir: Path, out: Path, keys: Iterable[str] | None = None, log:
     """Write one fixture per finished run of a lab directory (`runs/<key>.json` and
     `work/<run-name>/metrics.jsonl`); `keys`: only these runs (an unknown or unfinished one is an
     error). Returns the files written."""
-    from monitor.lab.results import FINISHED, analyse, read_records
-
     records = read_records(lab_dir / "runs")
     if not records:
         raise FixtureError(f"{lab_dir / 'runs'}: no run records")
@@ -259,11 +275,11 @@ def export_lab(lab_dir: Path, out: Path, keys: Iterable[str] | None = None, log:
         name = str(record.get("run_name") or key)
         metrics_path = lab_dir / "work" / name / "metrics.jsonl"
         steps, rows = read_metrics_jsonl(metrics_path)
-        label = label_of(steps, rows)
+        label = label_of(steps, rows, record.get("setting"))
         live = analyse(record).collapse_step
         if live != label["collapse_step"] and log is not None:
             log(
-                f"note: {key}: label {label['collapse_step']} from metrics.jsonl, {live} from the service's reward"
+                f"note: {key}: label {label['collapse_step']} from metrics.jsonl, {live} from the service's series"
             )
         header = {
             "format": FORMAT,

@@ -2,8 +2,16 @@
 
 A `Setting` is everything that defines one training run except its seed; a `RunSpec` is a setting and
 a seed. `GridSpec` holds one list per axis (learning rate, steps per rollout batch, group size,
-`num_iterations`, completion length, LLDS mode, LLDS lambda) and the fixed options (model, steps,
-warm-up, batch size, extra script flags); `expand` takes their cross product.
+`num_iterations`, completion length, reward design, KL coefficient beta, LLDS mode, LLDS lambda) and
+the fixed options (model, steps, warm-up, batch size, extra script flags); `expand` takes their cross
+product.
+
+Reward designs (`REWARD_DESIGNS`, the script's `--reward-design`; `reward_setup` there computes them):
+`exact` (exact match, 0/1: the script's default), `composite` (format + exact match, 0..2), `penalty`
+(exact match - 0.1 per invalid action), `centred` (exact match minus a running baseline) and `success`
+(the share of the trajectory's actions that succeeded). A setting's key names the design and beta only
+when they are not the defaults (`exact`, beta 0), so the keys of runs made before these axes existed,
+and the fixtures named by them, stay what they were.
 
 Layering, later wins: `PRESETS[name]` < grid file < command-line options. The regimes' settings were
 found with the lab itself (README "Collapse lab"); edit `PRESETS` (one place) as more seeds come in.
@@ -44,6 +52,13 @@ __all__ = [
 
 LLDSMode = Literal["off", "on", "auto"]
 LLDS_MODES: Final[tuple[LLDSMode, ...]] = ("off", "on", "auto")
+REWARD_DESIGNS: Final = ("exact", "composite", "penalty", "centred", "success")
+"""The script's `--reward-design` choices (its `REWARD_DESIGNS`; a test checks they agree)."""
+REWARD_FLOORS: Final[dict[str, float]] = {"exact": 0.0, "composite": 0.0, "success": 0.0}
+"""The floor of each design whose floor is fixed (the detector's `reward_floor`, declared for its runs as a
+user would): the lowest reward a batch can score. `penalty` (its floor depends on the number of invalid
+actions) and `centred` (signed around a moving baseline) have none: they are judged scale-free."""
+DEFAULT_REWARD_DESIGN: Final = "exact"
 POLICIES: Final = ("off", "alert", "auto")
 
 
@@ -69,6 +84,9 @@ class Setting:
     llds_lambda: float | None = None
     policy: str | None = None
     """lldmon directive policy; None: from the LLDS mode (module docstring)."""
+    reward_design: str = DEFAULT_REWARD_DESIGN
+    beta: float | None = None
+    """KL coefficient (`--beta`); None: the script's default, 0 (a 0 given is stored as None)."""
     extra: tuple[str, ...] = ()
     """More script flags, verbatim (e.g. `--temperature`, `1.2`)."""
 
@@ -84,6 +102,16 @@ class Setting:
             raise GridError("warmup_steps must be >= 0")
         if self.lr is not None and not self.lr > 0:
             raise GridError("lr must be > 0")
+        if self.reward_design not in REWARD_DESIGNS:
+            raise GridError(
+                f"reward_design must be one of {', '.join(REWARD_DESIGNS)}, not {self.reward_design!r}"
+            )
+        if self.beta is not None:
+            if not self.beta >= 0:
+                raise GridError("beta must be >= 0")
+            if self.beta == 0:
+                # beta 0 is the script's default: one setting, one key
+                object.__setattr__(self, "beta", None)
 
     @property
     def effective_policy(self) -> str:
@@ -103,6 +131,10 @@ class Setting:
         if self.num_iterations is not None:
             parts.append(f"it{self.num_iterations}")
         parts.append(f"len{self.max_completion_length}")
+        if self.reward_design != DEFAULT_REWARD_DESIGN:
+            parts.append(f"rw-{self.reward_design}")
+        if self.beta is not None:
+            parts.append(f"beta{_num(self.beta)}")
         llds = f"llds-{self.llds}"
         if self.llds_lambda is not None:
             llds += _num(self.llds_lambda)
@@ -136,6 +168,10 @@ class Setting:
         if self.num_iterations is not None:
             args += ["--num-iterations", str(self.num_iterations)]
         args += ["--max-completion-length", str(self.max_completion_length)]
+        if self.reward_design != DEFAULT_REWARD_DESIGN:
+            args += ["--reward-design", self.reward_design]
+        if self.beta is not None:
+            args += ["--beta", repr(self.beta)]
         args += ["--llds", self.llds, "--policy", self.effective_policy]
         if self.llds_lambda is not None and self.llds != "off":
             args += ["--llds-lambda", repr(self.llds_lambda)]
@@ -168,6 +204,8 @@ class GridSpec:
     num_generations: tuple[int, ...] = (4,)
     num_iterations: tuple[int | None, ...] = (None,)
     max_completion_length: tuple[int, ...] = (96,)
+    reward_design: tuple[str, ...] = (DEFAULT_REWARD_DESIGN,)
+    beta: tuple[float | None, ...] = (None,)
     llds: tuple[LLDSMode, ...] = ("off",)
     llds_lambda: tuple[float | None, ...] = (None,)
     model: str = "tiny"
@@ -185,6 +223,8 @@ AXES: Final = (
     "num_generations",
     "num_iterations",
     "max_completion_length",
+    "reward_design",
+    "beta",
     "llds",
     "llds_lambda",
 )
@@ -197,7 +237,7 @@ _INT_AXES: Final = {
     "num_iterations",
     "max_completion_length",
 }
-_FLOAT_AXES: Final = {"lr", "llds_lambda"}
+_FLOAT_AXES: Final = {"lr", "llds_lambda", "beta"}
 _NONE_WORDS: Final = {"none", "default", "-"}
 
 
@@ -259,7 +299,7 @@ def _coerce(key: str, value: Any) -> Any:
         out: list[Any] = []
         for item in items:
             if item is None or (isinstance(item, str) and item.lower() in _NONE_WORDS):
-                if key in ("seeds", "llds", "steps_per_generation", "num_generations"):
+                if key in ("seeds", "llds", "steps_per_generation", "num_generations", "reward_design"):
                     raise GridError(f"{key}: a value is required, not {item!r}")
                 out.append(None)
             elif key in _INT_AXES:
@@ -270,6 +310,10 @@ def _coerce(key: str, value: Any) -> Any:
                 if isinstance(item, bool) or not isinstance(item, int | float | str):
                     raise GridError(f"{key}: {item!r} is not a number")
                 out.append(float(item))
+            elif key == "reward_design":
+                if item not in REWARD_DESIGNS:
+                    raise GridError(f"reward_design: {item!r} is not one of {', '.join(REWARD_DESIGNS)}")
+                out.append(item)
             else:
                 if item not in LLDS_MODES:
                     raise GridError(f"llds: {item!r} is not one of {', '.join(LLDS_MODES)}")
@@ -351,6 +395,8 @@ def _settings(g: GridSpec) -> list[Setting]:
         g.num_generations,
         g.num_iterations,
         g.max_completion_length,
+        g.reward_design,
+        g.beta,
         g.llds,
         g.llds_lambda,
     )
@@ -365,12 +411,14 @@ def _settings(g: GridSpec) -> list[Setting]:
             num_generations=gen,
             num_iterations=it,
             max_completion_length=length,
+            reward_design=design,
+            beta=beta,
             llds=llds,
             llds_lambda=None if llds == "off" else lam,
             policy=g.policy,
             extra=g.extra,
         )
-        for lr, spg, gen, it, length, llds, lam in combos
+        for lr, spg, gen, it, length, design, beta, llds, lam in combos
     ]
     return list(dict.fromkeys(settings))
 

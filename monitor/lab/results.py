@@ -1,20 +1,21 @@
 """What the lab keeps of a run, and the summary over runs (pure: no I/O apart from `read_records`).
 
 A run's record (`DIR/runs/<key>.json`) holds its spec, how the process ended, and the raw data read
-back from the lldmon service when it ended: the reward series, phase events, alerts and directive
-history. Everything derived (labelled collapse step, first warning, lead time, best and final reward)
-is recomputed from that raw data by `analyse`, so changing the rule relabels old runs
-(`lldmon lab summary DIR`).
+back from the lldmon service when it ended: the reward series, the task-success series
+(`TASK_SUCCESS`, where logged), phase events, alerts and directive history. Everything derived
+(labelled collapse step, first warning, lead time, best and final reward) is recomputed from that raw
+data by `analyse`, so changing the rule relabels old runs (`lldmon lab summary DIR`).
 
-Derived per run:
-- `collapse_step`: `monitor.detector.labels.collapse_step` of the reward (the one collapse rule);
+Derived per run, from the labelled series (`label_metric`: the reward, or the task success for a run
+whose reward design is not `exact`):
+- `collapse_step`: `monitor.detector.labels.collapse_step` of that series (the one collapse rule);
 - `first_alert` (and its kind): the smallest `first_step` of any lldmon alert;
 - `first_decay`: the first phase event into `decay` or `collapse`; `first_collapse_phase`: into
   `collapse` (phase III);
 - `first_warning`: the earlier of `first_alert` and `first_decay`;
 - `first_directive`: the step of the first directive that switched LLDS on (any source);
 - `lead_time`: `collapse_step - first_warning` when both exist (> 0: warned before the collapse);
-- `best_reward` / `final_reward`: the largest and the last 10-step trailing mean of the reward.
+- `best_reward` / `final_reward`: the largest and the last 10-step trailing mean of that series.
 Per setting group (every seed of one setting): collapse rate over the runs that finished, median
 collapse step, median lead time, median best and final reward.
 """
@@ -29,20 +30,44 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from contracts import metrics as M
 from monitor.detector.labels import RULE_TEXT, collapse_step, trailing_means
 
 __all__ = [
     "RULE_TEXT",
+    "TASK_SUCCESS",
     "Derived",
     "GroupStats",
     "analyse",
     "group_stats",
+    "label_metric",
     "read_records",
     "render_markdown",
     "summary_payload",
 ]
 
 FINISHED: Final = "finished"
+
+TASK_SUCCESS: Final = "rewards/exact_match/mean"
+"""The task's success (mean exact match) of every rollout batch: TRL's `rewards/<function>/mean` of the
+script's `exact_match` reward function, which every reward design keeps (with weight 0 where it is not
+part of the optimised reward). It is no canonical name: `contracts.trainer_keys` passes TRL's
+per-function rewards through under their own names, and this is that name."""
+
+
+def label_metric(setting: Mapping[str, Any] | None, available: Iterable[str] = (TASK_SUCCESS,)) -> str:
+    """The series the collapse rule labels a run on: `TASK_SUCCESS` when the run's reward design is not
+    `exact` and that series is among `available`, else `reward/mean` (as for every run before reward
+    designs; for `exact` the two are the same numbers).
+
+    Why: a shaped or centred reward is not the task. A centred reward (exact match minus a running
+    baseline) is signed and near 0 whatever the task does, so the rule's "below 20 % of its peak" says
+    nothing about it, and a format or penalty term can hold the reward up while answers stop being
+    right. The rule is the same; only its input is the task's success."""
+    design = (setting or {}).get("reward_design") or "exact"
+    if design != "exact" and TASK_SUCCESS in set(available):
+        return TASK_SUCCESS
+    return M.REWARD_MEAN
 
 
 @dataclass(frozen=True)
@@ -61,11 +86,20 @@ class Derived:
     final_phase: str | None
 
 
-def _reward_series(record: Mapping[str, Any]) -> tuple[list[int], list[float]]:
-    reward = record.get("reward") or {}
-    steps = [int(s) for s in reward.get("steps", [])]
-    values = [math.nan if v is None else float(v) for v in reward.get("values", [])]
+def _series(data: Mapping[str, Any] | None) -> tuple[list[int], list[float]]:
+    data = data or {}
+    steps = [int(s) for s in data.get("steps", [])]
+    values = [math.nan if v is None else float(v) for v in data.get("values", [])]
     return steps, values
+
+
+def _labelled_series(record: Mapping[str, Any]) -> tuple[list[int], list[float]]:
+    """The series `label_metric` names: the record's `task_success` or its `reward`."""
+    task = record.get("task_success")
+    available = [TASK_SUCCESS] if task and task.get("steps") else []
+    if label_metric(record.get("setting"), available) == TASK_SUCCESS:
+        return _series(task)
+    return _series(record.get("reward"))
 
 
 def _min(values: Iterable[int | None]) -> int | None:
@@ -75,7 +109,7 @@ def _min(values: Iterable[int | None]) -> int | None:
 
 def analyse(record: Mapping[str, Any]) -> Derived:
     """The derived fields of a run record (module docstring)."""
-    steps, values = _reward_series(record)
+    steps, values = _labelled_series(record)
     _, means = trailing_means(steps, values)
     alerts = sorted(record.get("alerts", []), key=lambda a: (int(a["first_step"]), str(a["kind"])))
     phases = sorted(record.get("phases", []), key=lambda e: int(e["step"]))

@@ -10,9 +10,10 @@
   Output: `DIR/logs/<run name>.log`, TRL's output and the client spool under `DIR/work/<run name>/`.
 - Progress: polled from the service's API (step, reward, phase, directive), shown as a live table on a
   terminal, one line per start and end otherwise.
-- When a run ends, its record is read back from the API (reward series, phase events, alerts,
-  directive history) and written to `DIR/runs/<key>.json`; a record with status `finished` is what
-  makes a rerun of the same command skip that run; any other run is started again.
+- When a run ends, its record is read back from the API (reward series, task-success series
+  `rewards/exact_match/mean`, phase events, alerts, directive history) and written to
+  `DIR/runs/<key>.json`; a record with status `finished` is what makes a rerun of the same command
+  skip that run; any other run is started again.
 - `DIR/summary.json` and `DIR/summary.md` are rewritten after every run and at the end.
 Ctrl-C (or SIGTERM) stops the trainings, records what they did as `interrupted`, and exits 130.
 """
@@ -45,7 +46,15 @@ from contracts import metrics as M
 from contracts.wire import API_PREFIX
 from monitor.detector.labels import collapse_step, trailing_means
 from monitor.lab.grid import RunSpec
-from monitor.lab.results import FINISHED, analyse, read_records, render_markdown, summary_payload
+from monitor.lab.results import (
+    FINISHED,
+    TASK_SUCCESS,
+    analyse,
+    label_metric,
+    read_records,
+    render_markdown,
+    summary_payload,
+)
 
 __all__ = ["LabError", "LabOptions", "LabReport", "default_jobs", "run_lab", "write_summary"]
 
@@ -209,13 +218,15 @@ class _Api:
             body = info.json()
             a.last_step = body.get("last_step")
             a.phase = body.get("phase")
+        # the live table shows the series the run is labelled on (`results.label_metric`)
+        name = label_metric(a.spec.setting.as_dict())
         after = a.reward_steps[-1] + 1 if a.reward_steps else None
-        params: dict[str, Any] = {"names": M.REWARD_MEAN}
+        params: dict[str, Any] = {"names": name}
         if after is not None:
             params["step_min"] = after
         reply = self.http.get(f"/runs/{a.run_id}/metrics", params=params)
         if reply.status_code == 200:
-            series = reply.json()["series"].get(M.REWARD_MEAN)
+            series = reply.json()["series"].get(name)
             if series:
                 a.reward_steps += [int(s) for s in series["steps"]]
                 a.reward_values += [_decode(v) for v in series["values"]]
@@ -228,10 +239,13 @@ class _Api:
         """The raw data a record keeps (results.analyse derives the rest)."""
         run = self.http.get(f"/runs/{run_id}")
         run.raise_for_status()
-        metrics = self.http.get(f"/runs/{run_id}/metrics", params={"names": M.REWARD_MEAN})
+        metrics = self.http.get(f"/runs/{run_id}/metrics", params={"names": [M.REWARD_MEAN, TASK_SUCCESS]})
         metrics.raise_for_status()
-        series = metrics.json()["series"].get(M.REWARD_MEAN) or {"steps": [], "values": []}
+        found = metrics.json()["series"]
+        series = found.get(M.REWARD_MEAN) or {"steps": [], "values": []}
         values = [_decode(v) for v in series["values"]]
+        task = found.get(TASK_SUCCESS) or {"steps": [], "values": []}
+        task_values = [_decode(v) for v in task["values"]]
         events = self.http.get(f"/runs/{run_id}/events")
         events.raise_for_status()
         alerts = self.http.get(f"/runs/{run_id}/alerts")
@@ -247,6 +261,10 @@ class _Api:
             "reward": {
                 "steps": [int(s) for s in series["steps"]],
                 "values": [v if math.isfinite(v) else None for v in values],
+            },
+            "task_success": {
+                "steps": [int(s) for s in task["steps"]],
+                "values": [v if math.isfinite(v) else None for v in task_values],
             },
             "phases": [
                 {"step": e["step"], "phase": e["phase"], "previous_phase": e["previous_phase"]}

@@ -28,6 +28,7 @@ from monitor.lab.fixtures import (
     write_csv,
     write_fixture,
 )
+from monitor.lab.results import TASK_SUCCESS
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "tests" / "fixtures" / "lab"
@@ -113,6 +114,33 @@ def test_export_reads_back_every_metric_and_the_label(tmp_path: Path) -> None:
     assert int(labelled.present[M.REWARD_MEAN].sum()) == len(rewards)
 
 
+def test_a_centred_run_is_labelled_on_the_task_success(tmp_path: Path) -> None:
+    """A run whose reward design is not exact match: the label is the rule on `rewards/exact_match/mean`
+    and names that series; the same rows without the reward design keep the `reward/mean` label."""
+    lab, rewards = _lab(tmp_path)
+    record = json.loads((lab / "runs" / "run-a.json").read_text())
+    record["setting"]["reward_design"] = "centred"
+    (lab / "runs" / "run-a.json").write_text(json.dumps(record))
+    metrics = lab / "work" / "run-a" / "metrics.jsonl"
+    lines = []
+    for line in metrics.read_text().splitlines():
+        row = json.loads(line)
+        if M.REWARD_MEAN in row["metrics"]:  # the task collapses; the optimised reward is centred
+            row["metrics"][TASK_SUCCESS] = row["metrics"][M.REWARD_MEAN]
+            row["metrics"][M.REWARD_MEAN] = 0.01 if row["step"] % 4 == 1 else -0.01
+        lines.append(json.dumps(row))
+    metrics.write_text("\n".join(lines) + "\n")
+    (path,) = export_lab(lab, tmp_path / "fixtures", ["run-a"])
+    run = read_fixture(path)
+    expected = collapse_step(sorted(rewards), [rewards[s] for s in sorted(rewards)])
+    assert expected is not None
+    label = {"collapses": True, "collapse_step": expected, "rule": RULE, "series": TASK_SUCCESS}
+    assert run.header["label"] == label == label_of(run.steps, run.rows, run.header["settings"])
+    assert run.to_labelled_run().collapse_step == expected
+    assert label_of(run.steps, run.rows)["collapse_step"] != expected  # the centred reward says otherwise
+    assert "series" not in label_of(run.steps, run.rows, {"reward_design": "exact"})
+
+
 def test_csv_reads_back_through_the_generic_csv_importer(tmp_path: Path) -> None:
     """`python -m monitor.lab.fixtures csv` + `lldmon import --format csv`: a recorded run into any service,
     every value (NaN and inf included) and every gap as recorded."""
@@ -190,11 +218,16 @@ def test_committed_fixtures_are_labelled_by_the_one_rule() -> None:
         run = read_fixture(path)
         h = run.header
         assert h["source"] == "lab" and h["label"]["rule"] == RULE, path.name
-        assert h["label"] == label_of(run.steps, run.rows), path.name  # recomputed identically
+        assert h["label"] == label_of(run.steps, run.rows, h["settings"]), path.name  # recomputed identically
         assert "examples/search_r1_grpo.py" in h["command"] and f"--seed {h['seed']}" in h["command"]
         assert h["steps"] == len(run.steps) and run.steps[-1] >= h["settings"]["steps"], path.name
-        steps, rewards = run.series(M.REWARD_MEAN)
-        assert len(steps) >= 10 and collapse_step(steps, rewards) == h["label"]["collapse_step"]
+        design = h["settings"].get("reward_design", "exact")
+        # the task's success for a reward design other than exact match, the reward otherwise
+        series = h["label"].get("series", M.REWARD_MEAN)
+        assert series == (M.REWARD_MEAN if design == "exact" else TASK_SUCCESS), path.name
+        assert (design != "exact") == (f"--reward-design {design}" in h["command"]), path.name
+        steps, values = run.series(series)
+        assert len(steps) >= 10 and collapse_step(steps, values) == h["label"]["collapse_step"]
 
 
 def test_committed_fixtures_are_scored_as_the_lab_source() -> None:
