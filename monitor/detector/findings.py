@@ -31,10 +31,10 @@ from monitor.detector.signals import (
     Indicator,
     RewardRange,
     Signals,
+    latest_trailing_mean,
     num,
     off,
     reward_rising,
-    reward_trailing_means,
     reward_zero,
     trend,
     trend_z,
@@ -262,8 +262,7 @@ def dead_run(h: History, cfg: DetectorConfig, rng: RewardRange) -> Indicator:
     enough = rewards.size >= cfg.reward_zero_points
     if enough and rng.rose(cfg) and rng.mean_low is not None and rng.mean_peak is not None:
         zero_level = rng.mean_low + cfg.reward_zero_level * (rng.mean_peak - rng.mean_low)
-        _, means = reward_trailing_means(h, cfg, last=1)
-        lost = rng.mean_peak - float(means[-1]) if means.size else 0.0
+        lost = rng.mean_peak - latest_trailing_mean(h, cfg)
         reward_dead = rng.significant_drop(lost, cfg) and bool(np.all(rewards <= zero_level))
     fired = all_idle and reward_dead
     detail: dict[str, Any] = {

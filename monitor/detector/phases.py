@@ -119,12 +119,15 @@ def candidate(sig: Signals) -> tuple[str, list[str]]:
 
 
 def recovered(sig: Signals, state: DetectorState, cfg: DetectorConfig) -> bool:
-    """Clear recovery from a collapse: the smoothed reward back in the upper part of the run's own range
-    (`recovery_frac` of the way from its low to its peak) and no surge / sharp drop."""
-    peak, low = state.reward_peak, state.reward_low
-    if peak is None or low is None or sig.reward_smooth != sig.reward_smooth:
+    """Clear recovery from a collapse: the reward's trailing mean back in the upper part of the run's own
+    range of trailing means (`recovery_frac` of the way from its low, or a declared floor, to its peak;
+    a trailing mean, so that a noisy reward is not held in phase III by its single low steps) and no
+    surge or sharp drop."""
+    peak = state.reward_mean_peak
+    low = cfg.reward_floor if cfg.reward_floor is not None else state.reward_mean_low
+    if peak is None or low is None or sig.reward_mean != sig.reward_mean:
         return False
-    back = sig.reward_smooth >= low + cfg.recovery_frac * (peak - low)
+    back = sig.reward_mean >= low + cfg.recovery_frac * (peak - low)
     quiet = not any(
         sig.fired(n)
         for n in ("grad_surge", "entropy_surge", "logp_pos_sharp_drop", "anchor_sharp_drop", "reward_crash")

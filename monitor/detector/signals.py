@@ -428,6 +428,12 @@ def reward_trailing_means(h: History, cfg: DetectorConfig, last: int = 64) -> tu
     return steps, (csum[ends] - csum[first]) / (ends - first)
 
 
+def latest_trailing_mean(h: History, cfg: DetectorConfig) -> float:
+    """The reward's trailing mean at its last logged point (NaN before any reward)."""
+    _, means = reward_trailing_means(h, cfg, last=cfg.reward_zero_mean_window + 1)
+    return float(means[-1]) if means.size else float("nan")
+
+
 def reward_zero(h: History, cfg: DetectorConfig, rng: RewardRange) -> Indicator:
     """The reward at the floor of its range after having risen (`RewardRange.rose`), two ways: every recent
     value at the floor, or (the collapse label's own criterion) its trailing mean held below the floor
@@ -714,6 +720,8 @@ class Signals:
     indicators: dict[str, Indicator]
     reward_smooth: float
     entropy_smooth: float
+    reward_mean: float = float("nan")
+    """The reward's latest trailing mean (`reward_zero_mean_window` steps; NaN before any reward)."""
 
     def fired(self, name: str) -> bool:
         ind = self.indicators.get(name)
@@ -748,7 +756,10 @@ def compute(
     if hooks:
         _likelihood_signals(h, cfg, anchor_peak, ind)
     e_smooth = recent_median(h, M.ENTROPY_MEAN, cfg.entropy_collapse_window, cfg.min_recent_points)
-    return Signals(hooks=hooks, indicators=ind, reward_smooth=r_smooth, entropy_smooth=e_smooth)
+    r_mean = latest_trailing_mean(h, cfg)
+    return Signals(
+        hooks=hooks, indicators=ind, reward_smooth=r_smooth, entropy_smooth=e_smooth, reward_mean=r_mean
+    )
 
 
 LLD_CRASH_CAVEAT: Final = (

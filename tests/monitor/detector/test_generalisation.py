@@ -211,3 +211,20 @@ def test_declared_floor_moves_with_the_units(a: float) -> None:
     moved = affine(run, a, -1.0)
     assert moved.reward_floor == pytest.approx(-1.0)
     assert findings(moved) == findings(run)
+
+
+def test_the_latest_trailing_mean_averages_the_whole_window() -> None:
+    """The recovery and dead-run rules read the reward's latest trailing mean: the mean of every reward of
+    the last `reward_zero_mean_window` steps, not the last value alone (a noisy run was held in phase III
+    for 1,700 steps by its single low steps)."""
+    from monitor.detector.signals import History, latest_trailing_mean
+
+    rewards = np.array([0.0, 1.0] * 20)
+    steps = np.arange(40, dtype=np.float64)
+    h = History(
+        steps=steps - steps[-1],
+        values={M.REWARD_MEAN: rewards},
+        present={M.REWARD_MEAN: np.ones(40, dtype=bool)},
+        step=39,
+    )
+    assert latest_trailing_mean(h, CFG) == pytest.approx(0.5)

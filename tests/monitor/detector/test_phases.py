@@ -515,7 +515,7 @@ def _lab_run(pattern: str, every: int = 1) -> Scenario:
         collapse_scenario(5),
         noisy_stagnant_scenario(6).without_hooks(),
         _lab_run("*lr0.0007*_s3.jsonl.gz"),
-        _lab_run("*lr0.001_*_s0.jsonl.gz", every=10),
+        _lab_run("*lr0.001_spg4_g4_len96_llds-off_n80_s0.jsonl.gz", every=10),
     ],
     ids=["collapse", "noisy-degraded", "lab-late-sparse-rewards", "lab-early-every-10-steps"],
 )
