@@ -165,3 +165,27 @@ def test_transient_nonfinite_grad_inside_one_batch_still_alerts(client: TestClie
     assert len(nan_alerts) == 1
     assert nan_alerts[0]["severity"] == "critical" and nan_alerts[0]["first_step"] == int(scenario.steps[45])
     assert nan_alerts[0]["status"] == "resolved"  # the run went on with finite gradients
+
+
+def test_a_declared_reward_floor_is_used_from_the_first_steps(client: TestClient) -> None:
+    """A reward that collapses at step 12, before a scale-free run has measured its noise: with the
+    design's floor declared (`reward_floor` override), the service pages; without it, it waits."""
+    steps = list(range(40))
+    reward = [0.3] * 12 + [0.0] * 28
+    grads = [1.0] * 12 + [0.0] * 28
+    ids = {}
+    for name, overrides in (("declared", {"reward_floor": 0}), ("undeclared", {})):
+        run_id = client.post(f"{API_PREFIX}/runs", json={"name": name}).json()["id"]
+        ok = client.put(f"{API_PREFIX}/runs/{run_id}/detector", json={"overrides": overrides})
+        assert ok.status_code == 200 and ok.json()["overrides"] == overrides
+        body = {"batch_id": "b", "steps": steps, "metrics": {"reward/mean": reward, "grad/norm": grads}}
+        assert client.post(f"{API_PREFIX}/runs/{run_id}/metrics", json=body).status_code == 200
+        ids[name] = run_id
+    declared = client.get(f"{API_PREFIX}/runs/{ids['declared']}/alerts").json()
+    assert {"reward_zero", "dead_run"} & {a["kind"] for a in declared if a["severity"] == "critical"}
+    undeclared = client.get(f"{API_PREFIX}/runs/{ids['undeclared']}/alerts").json()
+    assert not [a for a in undeclared if a["severity"] == "critical"]
+    bad = client.put(
+        f"{API_PREFIX}/runs/{ids['declared']}/detector", json={"overrides": {"reward_floor": "x"}}
+    )
+    assert bad.status_code == 422 and "reward_floor" in bad.json()["error"]["message"]
