@@ -22,9 +22,9 @@ import numpy as np
 import numpy.typing as npt
 
 from contracts import metrics as M
-from monitor.detector import SEVERITY, DetectorConfig, detect_offline
+from monitor.detector import DetectorConfig, detect_offline
 from monitor.detector.replay import thin
-from monitor.evaluation import LabelledRun, run_config
+from monitor.evaluation import LabelledRun, run_config, severity_of
 
 AFFINE: Final = ((3.0, -1.0), (0.5, 2.0), (10.0, -5.0))
 """(a, b) of the reward changes of units: a signed reward, a shifted one, a wide one."""
@@ -122,7 +122,7 @@ def variants(run: LabelledRun) -> list[tuple[str, LabelledRun]]:
 
 def critical_episodes(run: LabelledRun, config: DetectorConfig, scale_free: bool = False) -> int:
     result = detect_offline(run.steps, run.values, run_config(run, config, scale_free), run.present)
-    return sum(1 for f in result.findings if SEVERITY.get(f.kind, f.severity) == "critical")
+    return sum(1 for f in result.findings if severity_of(f.kind, f.severity) == "critical")
 
 
 def span(run: LabelledRun) -> int:

@@ -95,7 +95,7 @@ def _update_reward_means(h: History, state: DetectorState, cfg: DetectorConfig) 
     if state.reward_start is None:
         state.reward_start = m
     _update_reward_noise(h, state, cfg, m)
-    if state.reward_start is not None and not state.learned:
+    if not state.learned:
         start = RewardRange(
             mean_low=state.reward_start,
             mean_peak=state.reward_mean_peak,

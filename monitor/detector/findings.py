@@ -34,6 +34,7 @@ from monitor.detector.signals import (
     latest_trailing_mean,
     num,
     off,
+    recent_and_baseline,
     reward_rising,
     reward_zero,
     trend,
@@ -353,15 +354,11 @@ def entropy_explosion(h: History, cfg: DetectorConfig, state: DetectorState) -> 
     `entropy_explosion_ratio` x its baseline and a robust z >= `surge_z` on the log scale."""
     name = ENTROPY_EXPLOSION
     metric = M.ENTROPY_MEAN
-    v = h.get(metric)
-    if v is None:
+    if h.get(metric) is None:
         return off(name, metric, "metric not logged")
-    lo, hi = h.span(metric, cfg.entropy_explosion_window, min_points=cfg.min_recent_points)
-    rec = stats.finite(v[lo:hi])
+    rec, ref = recent_and_baseline(h, metric, cfg, cfg.entropy_explosion_window)
     record = state.active.get(ENTROPY_EXPLOSION)
     held = record["evidence"].get("baseline") if record is not None else None
-    b_lo, b_hi = h.before(metric, lo, cfg.baseline_window, min_points=cfg.min_baseline_points)
-    ref = stats.finite(v[b_lo:b_hi])
     ref = np.log(np.maximum(ref, 0.0) + cfg.entropy_eps)
     if rec.size < cfg.min_recent_points or ref.size < cfg.min_start_points:
         return off(name, metric)
@@ -422,13 +419,9 @@ def entropy_rise(h: History, cfg: DetectorConfig) -> Indicator:
     clipped responses 2 -> 12 %, which the 2x / z >= 4 explosion rule missed)."""
     name = ENTROPY_RISE
     metric = M.ENTROPY_MEAN
-    v = h.get(metric)
-    if v is None:
+    if h.get(metric) is None:
         return off(name, metric, "metric not logged")
-    lo, hi = h.span(metric, cfg.surge_recent, min_points=cfg.min_recent_points)
-    rec = stats.finite(v[lo:hi])
-    b_lo, b_hi = h.before(metric, lo, cfg.baseline_window, min_points=cfg.min_baseline_points)
-    ref = stats.finite(v[b_lo:b_hi])
+    rec, ref = recent_and_baseline(h, metric, cfg, cfg.surge_recent)
     if rec.size < cfg.min_recent_points or ref.size < cfg.min_start_points:
         return off(name, metric)
     base = max(stats.fast_median(ref), 0.0) + cfg.entropy_eps
@@ -448,10 +441,6 @@ def entropy_rise(h: History, cfg: DetectorConfig) -> Indicator:
     fired = bool(z >= cfg.decay_z and degraded)
     detail.update(trend_z=num(z), trend_z_threshold=cfg.decay_z, degrading=degraded)
     return Indicator(name, fired, metric, num(ratio), cfg.entropy_rise_ratio, cfg.entropy_rise_window, detail)
-
-
-OUTCOME_KINDS: Final = (REWARD_ZERO, LENGTH_COLLAPSE, GARBLED_OUTPUTS, DEAD_RUN, INVALID_ACTION_SURGE)
-"""Sustained outcome damage / terminal signatures judged by `terminal_indicators` (critical)."""
 
 
 def terminal_indicators(

@@ -171,6 +171,17 @@ class History:
         return int(self.steps.size)
 
 
+def recent_and_baseline(
+    h: History, metric: str, cfg: DetectorConfig, recent_steps: int
+) -> tuple[FloatArray, FloatArray]:
+    """(finite values of the last `recent_steps` steps, finite values of the `baseline_window` steps before
+    them), stretched to `min_recent_points` / `min_baseline_points` values; `metric` must be logged."""
+    v = h.values[metric]
+    lo, hi = h.span(metric, recent_steps, min_points=cfg.min_recent_points)
+    b_lo, b_hi = h.before(metric, lo, cfg.baseline_window, min_points=cfg.min_baseline_points)
+    return stats.finite(v[lo:hi]), stats.finite(v[b_lo:b_hi])
+
+
 def recent_median(h: History, name: str, steps: int, min_points: int = 1) -> float:
     """Median of the finite values of `name` over the last `steps` steps (at least `min_points` values)."""
     return stats.median(h.recent(name, steps, min_points))
@@ -190,13 +201,9 @@ def surge(
 ) -> Indicator:
     """Median of the last `surge_recent` steps vs the median of the `baseline_window` steps before them,
     on a log scale, with a robust z from the baseline MAD. `idle_ratio` drops idle points (grad norm ~0)."""
-    v = h.get(metric)
-    if v is None:
+    if h.get(metric) is None:
         return off(name, metric, "metric not logged")
-    lo, hi = h.span(metric, cfg.surge_recent, min_points=cfg.min_recent_points)
-    b_lo, b_hi = h.before(metric, lo, cfg.baseline_window, min_points=cfg.min_baseline_points)
-    rec = stats.finite(v[lo:hi])
-    ref = stats.finite(v[b_lo:b_hi])
+    rec, ref = recent_and_baseline(h, metric, cfg, cfg.surge_recent)
     if eps:
         rec = np.maximum(rec, 0.0) + eps
         ref = np.maximum(ref, 0.0) + eps
@@ -253,7 +260,7 @@ class RewardRange:
     """SD of the trailing mean's noise (`reward_mean_noise`), NaN while unknown."""
     fixed_floor: bool = False
     """The floor is the configured `DetectorConfig.reward_floor` (the lows are that floor): levels are
-    judged against it and no noise significance is asked for."""
+    judged against it, and the noise, once measured, only vetoes dips (`drop_threshold`)."""
 
     def rose(self, cfg: DetectorConfig) -> bool:
         """The trailing mean rose far enough above its low to have something to lose: `reward_rise_noise`
@@ -266,13 +273,17 @@ class RewardRange:
             return False
         return _in_noise(self.mean_peak - self.mean_low, self.noise) >= cfg.reward_rise_noise
 
+    def drop_threshold(self, cfg: DetectorConfig) -> float:
+        """Noise SDs a drop below the best trailing mean must reach: `reward_zero_noise`, or against a
+        configured floor `reward_floor_noise`."""
+        return cfg.reward_floor_noise if self.fixed_floor else cfg.reward_zero_noise
+
     def significant_drop(self, drop: float, cfg: DetectorConfig) -> bool:
-        """`drop` (below the best trailing mean) is `reward_zero_noise` noise SDs or more; against a configured
-        floor `reward_floor_noise`, and anything while the noise is not measured yet (a collapse in the
-        first steps)."""
-        if self.fixed_floor:  # the floor carries the scale; the noise, once measured, only vetoes dips
-            return not math.isfinite(self.noise) or _in_noise(drop, self.noise) >= cfg.reward_floor_noise
-        return _in_noise(drop, self.noise) >= cfg.reward_zero_noise
+        """`drop` (below the best trailing mean) reaches `drop_threshold` noise SDs; against a configured
+        floor anything does while the noise is not measured yet (a collapse in the first steps)."""
+        if self.fixed_floor and not math.isfinite(self.noise):  # the floor carries the scale
+            return True
+        return _in_noise(drop, self.noise) >= self.drop_threshold(cfg)
 
 
 def _in_noise(difference: float, noise: float) -> float:
@@ -429,9 +440,15 @@ def reward_trailing_means(h: History, cfg: DetectorConfig, last: int = 64) -> tu
 
 
 def latest_trailing_mean(h: History, cfg: DetectorConfig) -> float:
-    """The reward's trailing mean at its last logged point (NaN before any reward)."""
-    _, means = reward_trailing_means(h, cfg, last=cfg.reward_zero_mean_window + 1)
-    return float(means[-1]) if means.size else float("nan")
+    """The reward's trailing mean at its last logged point (NaN before any reward). Memoised per point
+    (the recovery test and the dead-run rule both read it)."""
+    key = ("latest_trailing_mean",)
+    cached: float | None = h.cache.get(key)
+    if cached is None:
+        _, means = reward_trailing_means(h, cfg, last=cfg.reward_zero_mean_window + 1)
+        cached = float(means[-1]) if means.size else float("nan")
+        h.cache[key] = cached
+    return cached
 
 
 def reward_zero(h: History, cfg: DetectorConfig, rng: RewardRange) -> Indicator:
@@ -447,8 +464,9 @@ def reward_zero(h: History, cfg: DetectorConfig, rng: RewardRange) -> Indicator:
     steps, means = reward_trailing_means(h, cfg)
     if steps.size == 0:
         return off(name, M.REWARD_MEAN)
-    drop = _in_noise(rng.mean_peak - float(means[-1]), rng.noise)
-    if not rng.significant_drop(rng.mean_peak - float(means[-1]), cfg):
+    lost = rng.mean_peak - float(means[-1])
+    drop = _in_noise(lost, rng.noise)
+    if not rng.significant_drop(lost, cfg):
         return Indicator(
             name,
             False,
@@ -456,7 +474,7 @@ def reward_zero(h: History, cfg: DetectorConfig, rng: RewardRange) -> Indicator:
             num(float(means[-1])),
             None,
             cfg.reward_zero_mean_window,
-            {"drop_in_noise_sd": num(drop), "drop_threshold": cfg.reward_zero_noise},
+            {"drop_in_noise_sd": num(drop), "drop_threshold": rng.drop_threshold(cfg)},
         )
     held = _trailing_mean_held(h, cfg, rng, steps, means, drop)
     if held is not None:
@@ -786,8 +804,7 @@ def _likelihood_signals(
     # the sharp-drop fits only where they can matter (the detector's budget is < 5 ms per point): with a
     # decline of the anchor / correct responses, or with an entropy or length surge (the `lld_crash`
     # warning, from the signals every hook version sends)
-    length = surge(h, "length_surge", M.RESPONSE_LENGTH_MEAN, cfg, cfg.length_surge_ratio)
-    ind["length_surge"] = length
+    ind["length_surge"] = surge(h, "length_surge", M.RESPONSE_LENGTH_MEAN, cfg, cfg.length_surge_ratio)
     surging = [n for n in ("entropy_surge", "length_surge") if ind[n].fired]
     lazy = "not evaluated: needs a likelihood decline or an entropy / length surge first"
     ind["logp_pos_sharp_drop"] = (

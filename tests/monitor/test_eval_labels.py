@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from contracts import metrics as M
 from monitor.cli import app
 from monitor.detector.labels import collapse_step
-from monitor.evaluation import SOURCE_THIRD_PARTY, labelled_runs, real_runs
+from monitor.evaluation import FOUND_LABELS, SOURCE_THIRD_PARTY, labelled_runs, real_runs
 from monitor.importers import load_log
 from monitor.run_labels import DEFAULT_LABELS, LabelsError, parse_labels, read_labels
 
@@ -234,7 +234,6 @@ def test_real_runs_carry_their_labels() -> None:
 
 
 FOUND = Path(__file__).resolve().parents[1] / "fixtures/third_party"
-FOUND_LABELS = Path(__file__).resolve().parents[2] / "monitor/eval_labels/found_runs.toml"
 
 
 def test_found_runs_all_load_with_their_labels() -> None:

@@ -25,12 +25,10 @@ from monitor.detector import (
 )
 from monitor.detector.scenarios import collapse_scenario, noisy_stagnant_scenario
 from monitor.eval_harder import affine
-from monitor.evaluation import LabelledRun, labelled_runs, run_config
+from monitor.evaluation import LabelledRun, found_runs, run_config
 from monitor.lab.fixtures import read_fixture
 
 LAB = Path(__file__).resolve().parents[2] / "fixtures" / "lab"
-FOUND = Path(__file__).resolve().parents[2] / "fixtures" / "third_party"
-FOUND_LABELS = Path(__file__).resolve().parents[3] / "monitor" / "eval_labels" / "found_runs.toml"
 CFG = DetectorConfig()
 Series = dict[str, np.ndarray]
 
@@ -47,7 +45,7 @@ def phases(run: LabelledRun) -> list[str]:
 def _runs() -> list[LabelledRun]:
     """Runs of every kind: a generated collapse with hooks, a noisy stagnant control, a lab collapse and
     a lab control (their exact-match floor declared), and a real run with a signed score (scale-free)."""
-    signed = next(r for r in labelled_runs(FOUND_LABELS, FOUND).runs if r.name.endswith("yeu8r64c"))
+    signed = next(r for r in found_runs() if r.name.endswith("yeu8r64c"))
     return [
         LabelledRun.from_scenario(collapse_scenario(3)),
         LabelledRun.from_scenario(noisy_stagnant_scenario(4)),
