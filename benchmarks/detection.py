@@ -16,7 +16,7 @@ Usage::
 
     python -m benchmarks.detection [--collapse 20] [--controls 10] [--seed 0] [--jobs 2]
                                    [--cost-steps 10000] [--no-real] [--labels FILE] [--no-lab] [--quiet]
-                                   [--json PATH]
+                                   [--json PATH] [--scale-free] [--undeclared] [--harder]
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import shlex
 import statistics
 import sys
@@ -42,6 +43,7 @@ from monitor.detector.replay import thin
 from monitor.detector.scenarios import Scenario, collapse_scenario, healthy_scenario, scenario_suite
 from monitor.eval_harder import Budget, budgets, judge, render_budgets
 from monitor.evaluation import (
+    SOURCE_LAB,
     EvaluationReport,
     LabelledRun,
     RunReport,
@@ -60,6 +62,38 @@ LAB_FIXTURES_DIR = Path(__file__).resolve().parents[1] / "tests/fixtures/lab"
 
 def _evaluate_one(run: LabelledRun, scale_free: bool = False) -> list[RunReport]:
     return evaluate([run], scale_free=scale_free).runs
+
+
+def reward_design(run: RunReport) -> str:
+    """The lab reward design of a recorded run, from its group name (`..._rw-<design>_...`; none: exact)."""
+    match = re.search(r"_rw-([a-z]+)_", run.group)
+    return match.group(1) if match else "exact"
+
+
+def render_designs(report: EvaluationReport) -> str:
+    """The lab's three targets per reward design (`--reward-design` of the collapse lab)."""
+    rows: dict[str, list[RunReport]] = {}
+    for r in report.runs:
+        if r.source == SOURCE_LAB:
+            rows.setdefault(reward_design(r), []).append(r)
+    lines = [
+        "per lab reward design: critical by label + 5 | warning >= 20 ahead (countable) | false critical on controls",
+    ]
+    for design, runs in sorted(rows.items()):
+        collapsing = [r for r in runs if r.collapses]
+        countable = [r for r in collapsing if r.early_countable]
+        controls = [r for r in runs if not r.collapses]
+        lines.append(
+            f"  {design:<10} {sum(r.critical_in_time for r in collapsing)}/{len(collapsing)} | "
+            f"{sum(r.warned_early for r in countable)}/{len(countable)} | "
+            f"{sum(r.first_critical is not None for r in controls)}/{len(controls)}"
+        )
+    return "\n".join(lines)
+
+
+def _undeclared(run: LabelledRun) -> LabelledRun:
+    """`run` as a user who declared nothing would have it judged: `reward/mean` and its own range."""
+    return dataclasses.replace(run, reward_metric=None, reward_floor=None)
 
 
 def run_evaluation(runs: list[LabelledRun], jobs: int, scale_free: bool = False) -> EvaluationReport:
@@ -145,6 +179,11 @@ def main(argv: list[str] | None = None) -> None:
         "--scale-free", action="store_true", help="judge every run without its declared reward floor"
     )
     parser.add_argument(
+        "--undeclared",
+        action="store_true",
+        help="judge every run on reward/mean in its own range: no declared reward series or floor",
+    )
+    parser.add_argument(
         "--harder",
         action="store_true",
         help="also the false-critical budget: controls in other reward units, shuffled in blocks, thinned",
@@ -176,6 +215,9 @@ def main(argv: list[str] | None = None) -> None:
         found = found_runs()
         print(f"real logs: {len(found)} licensed runs from tests/fixtures/third_party (found_runs.toml)")
         runs += found
+    if args.undeclared:
+        runs = [_undeclared(r) for r in runs]
+        print("undeclared: every run judged on reward/mean without a declared reward series or floor")
     if args.thin > 1:
         runs = [_thinned(r, args.thin) for r in runs]
         print(f"every run thinned to its last value per {args.thin}-step block (monitor/detector/replay.py)")
@@ -186,6 +228,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.scale_free:
         print("scale-free: every run judged without a declared reward floor")
     print(render(report, per_run=not args.quiet))
+    if not args.no_lab:
+        print("\n" + render_designs(report))
     print(f"\nevaluated {len(runs)} runs in {elapsed:.1f} s with {args.jobs} process(es)")
     budget: list[Budget] = []
     if args.harder:

@@ -55,14 +55,22 @@ class Budget:
 
 
 def affine(run: LabelledRun, a: float, b: float) -> LabelledRun:
-    """`run` with its reward in other units (a > 0); a declared floor moves with it."""
+    """`run` with its reward in other units (a > 0): the optimised reward and the declared reward series
+    the detector judges (`LabelledRun.reward_metric`); the declared floor and unit move with them."""
     if a <= 0:
         raise ValueError("a must be > 0 (a change of units keeps the order of rewards)")
     values = dict(run.values)
-    if M.REWARD_MEAN in values:
-        values[M.REWARD_MEAN] = a * np.asarray(values[M.REWARD_MEAN], dtype=np.float64) + b
+    for name in {M.REWARD_MEAN, run.reward_metric or M.REWARD_MEAN}:
+        if name in values:
+            values[name] = a * np.asarray(values[name], dtype=np.float64) + b
     floor = None if run.reward_floor is None else a * run.reward_floor + b
-    return replace(run, name=f"{run.name} [{a:g}r{b:+g}]", values=values, reward_floor=floor)
+    return replace(
+        run,
+        name=f"{run.name} [{a:g}r{b:+g}]",
+        values=values,
+        reward_floor=floor,
+        reward_unit=a * run.reward_unit,
+    )
 
 
 def block_shuffled(run: LabelledRun, block: int = BLOCK_STEPS, seed: int = 0) -> LabelledRun:

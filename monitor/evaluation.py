@@ -129,6 +129,13 @@ class LabelledRun:
     reward_floor: float | None = None
     """The floor of the run's reward design where it is known (the detector's `reward_floor` for this
     run, as a user sets it with the run's detector overrides); None: judged scale-free."""
+    reward_metric: str | None = None
+    """The task-success series the run's reward rules judge where its optimised reward is shaped (the
+    detector's `reward_metric`, declared as a user would); None: `reward/mean`."""
+    reward_unit: float = 1.0
+    """The size of one unit of the declared reward series in the units the declarations default to (a
+    success rate's): the detector's `reward_floor_min_rise` is scaled by it with a declared floor, as a
+    user whose reward is in other units declares it."""
 
     @classmethod
     def from_scenario(cls, scenario: Scenario) -> LabelledRun:
@@ -502,10 +509,13 @@ def check_targets(reports: Sequence[RunReport], source: str = "all") -> list[Tar
 
 
 def run_config(run: LabelledRun, config: DetectorConfig, scale_free: bool = False) -> DetectorConfig:
-    """The detector configuration `run` is judged with: `config` with the run's reward floor (as its
-    detector overrides would set it in the service), or without any floor when `scale_free`."""
+    """The detector configuration `run` is judged with: `config` with the run's declarations (as its
+    detector overrides would set them in the service: the reward series, its floor, the floor's minimum
+    rise in the run's reward units), or without any floor when `scale_free`."""
     floor = None if scale_free else run.reward_floor
-    return replace(config, reward_floor=floor)
+    metric = config.reward_metric if run.reward_metric is None else run.reward_metric
+    rise = config.reward_floor_min_rise * run.reward_unit
+    return replace(config, reward_floor=floor, reward_metric=metric, reward_floor_min_rise=rise)
 
 
 def evaluate(

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from contracts import metrics as M
+
 
 @dataclass(frozen=True)
 class DetectorConfig:
@@ -157,12 +159,19 @@ class DetectorConfig:
     """"At the floor of its range": reward <= low + this share of (running peak - low), the fraction of
     the one collapse rule (`monitor.detector.labels`), so the alert and the label speak of the same level.
     With `reward_zero_share` of >= 3 values. Lab early regime: 0.27 -> 0.03 within 12 steps."""
+    reward_metric: str = M.REWARD_MEAN
+    """The series every reward rule judges. The optimised reward by default; a run whose optimised reward
+    is shaped (a format bonus, penalties, a running baseline: a collapse of the answers can leave it
+    level) names its task-success series instead, as logged (TRL logs each reward function as
+    `rewards/<name>/mean`), and `reward_floor` is then that series' floor."""
     reward_floor: float | None = None
     """The reward's floor, where a reward design has a known one (0 for a success rate or exact match):
     levels are then judged against it instead of the run's own low. None (default): the run's own range
     and noise, in any units."""
     reward_floor_min_rise: float = 0.05
-    """With a `reward_floor`: the trailing mean must first have risen this far above it (absolute)."""
+    """With a `reward_floor`: the trailing mean must first have risen this far above it, in the reward's
+    units like the floor (the collapse label's `min_peak` for a success rate); a run whose reward is in
+    other units declares both in them (`monitor.eval_harder.affine` moves both)."""
     reward_floor_noise: float = 4.0
     """With a `reward_floor`, once the noise is measured: the trailing mean must also be this many noise SDs
     below its best (a weak run, best trailing mean 0.17, dips to 0.02 for a few steps in its noise; a real
@@ -204,6 +213,12 @@ class DetectorConfig:
     """KL blow-up: recent median above this absolute value... Real logs: |ppo_kl| <= 0.006."""
     kl_blowup_factor: float = 10.0
     """...and this many times the baseline median |KL| (slow growth of a KL-to-reference is not a blow-up)."""
+    kl_blowup_early_abs: float = 1.0
+    """Before a run has a KL baseline (its first `min_start_points` + `min_recent_points` values), a recent
+    median |KL| above this many nats is a blow-up at once. A policy step that healthy training takes moves
+    far less: real logs |ppo_kl| <= 0.006, KL to the reference in GRPO runs with beta 0.001-0.04 of the
+    order of 0.001-0.1 (lld-reference.md section 5), a test run starting at 0.3. Project choice: 3x above
+    the highest healthy level seen."""
     dead_window: int = 6
     """Dead run: over the last this-many steps every logged grad norm is idle (no learning signal: every
     group had zero reward variance) and every logged reward is at ~0 (`reward_zero_level`). GRPO cannot
@@ -276,6 +291,11 @@ class DetectorConfig:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name == "reward_floor" and value is None:
+                continue
+            if f.name == "reward_metric":
+                problem = M.metric_name_problem(value)
+                if problem is not None:
+                    raise ValueError(f"reward_metric: {problem}")
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"{f.name}: expected a number, got {type(value).__name__}")
@@ -360,6 +380,9 @@ class DetectorConfig:
             f = known.get(key)
             if f is None:
                 raise ValueError(f"unknown detector setting {key!r}")
+            if key == "reward_metric":
+                changes[key] = value  # checked by __post_init__
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"{key}: expected a number, got {type(value).__name__}")
             if f.type == "int":

@@ -38,17 +38,21 @@ from monitor.detector.types import (
 )
 
 
-def _history(window: SeriesWindow, lo: int, hi: int) -> History:
+def _history(window: SeriesWindow, lo: int, hi: int, reward: str) -> History:
     steps = window.steps[lo:hi]
     values: dict[str, FloatArray] = {}
     present: dict[str, BoolArray] = {}
-    for name in USED_METRICS:
+    for name in (*USED_METRICS, reward):
         v = window.values.get(name)
         if v is not None:
             values[name] = v[lo:hi]
             present[name] = window.present[name][lo:hi]
     return History(
-        steps=(steps - steps[-1]).astype(np.float64), values=values, present=present, step=int(steps[-1])
+        steps=(steps - steps[-1]).astype(np.float64),
+        values=values,
+        present=present,
+        step=int(steps[-1]),
+        reward=reward,
     )
 
 
@@ -65,7 +69,7 @@ def _update_peaks(h: History, state: DetectorState, cfg: DetectorConfig) -> None
             state.reward_peak_step = h.step
         if state.reward_low is None or r < state.reward_low:
             state.reward_low = r
-    logged, _ = h.logged_now(M.REWARD_MEAN)
+    logged, _ = h.logged_now(h.reward)
     if logged:
         _update_reward_means(h, state, cfg)
     e = recent_median(h, M.ENTROPY_MEAN, cfg.entropy_collapse_window, cfg.min_recent_points)
@@ -225,7 +229,7 @@ def update(window: SeriesWindow, state: DetectorState | None, config: DetectorCo
     started: list[Finding] = []
     horizon = config.required_history
     for i in range(start, steps.size):
-        h = _history(window, _first_index(steps, i, horizon), i + 1)
+        h = _history(window, _first_index(steps, i, horizon), i + 1, config.reward_metric)
         change, new = process_point(h, st, config)
         if change is not None:
             changes.append(change)

@@ -210,10 +210,11 @@ def _kl_blowup(h: History, cfg: DetectorConfig, state: DetectorState) -> Indicat
     indicators: list[Indicator] = []
     baselines: dict[str, float | None] = {}
     for metric in KL_METRICS:
-        base = _held_baseline(h, KL_BLOWUP, metric, cfg, state, absolute=True)
-        if not math.isfinite(base):  # judged against the run's own start once it has one
+        early = _raised_early(state, metric)
+        base = float("nan") if early else _held_baseline(h, KL_BLOWUP, metric, cfg, state, absolute=True)
+        if not math.isfinite(base):  # no start to compare with yet: the absolute scale of a KL
             baselines[metric] = None
-            indicators.append(off(KL_BLOWUP, metric, "no baseline yet"))
+            indicators.append(_early_kl(h, metric, cfg))
             continue
         limit = max(cfg.kl_blowup_abs, cfg.kl_blowup_factor * base)
         baselines[metric] = num(base)
@@ -222,6 +223,38 @@ def _kl_blowup(h: History, cfg: DetectorConfig, state: DetectorState) -> Indicat
     if chosen is None:
         chosen = next((i for i in indicators if i.statistic is not None), indicators[0])
     return dataclasses.replace(chosen, detail={**chosen.detail, "baselines": baselines})
+
+
+def _raised_early(state: DetectorState, metric: str) -> bool:
+    """`kl_blowup` is active on `metric` and was raised before `metric` had a baseline: it stays judged on
+    the absolute scale (a baseline taken from the blown-up values would absorb the blow-up)."""
+    record = state.active.get(KL_BLOWUP)
+    if record is None:
+        return False
+    evidence = record["evidence"]
+    baselines = evidence.get("baselines")
+    return evidence.get("metric") == metric and isinstance(baselines, dict) and baselines.get(metric) is None
+
+
+def _early_kl(h: History, metric: str, cfg: DetectorConfig) -> Indicator:
+    """|KL| of a run too young for a baseline against `kl_blowup_early_abs`."""
+    med, count = median_tail(h, metric, cfg)
+    if count < cfg.min_recent_points:
+        return off(KL_BLOWUP, metric, "no baseline yet")
+    med = abs(med)
+    return Indicator(
+        KL_BLOWUP,
+        med >= cfg.kl_blowup_early_abs,
+        metric,
+        num(med),
+        num(cfg.kl_blowup_early_abs),
+        cfg.terminal_window,
+        {
+            "direction": "above",
+            "statistic_is": "median of recent |KL| values, against the absolute scale of a KL (no baseline yet)",
+            "recent": num(med),
+        },
+    )
 
 
 def _idle_level(h: History, cfg: DetectorConfig, lo: int) -> float:
@@ -247,7 +280,7 @@ def dead_run(h: History, cfg: DetectorConfig, rng: RewardRange) -> Indicator:
     g = h.get(M.GRAD_NORM)
     if g is None:
         return off(name, M.GRAD_NORM, "metric not logged")
-    r_lo, _ = h.span(M.REWARD_MEAN, cfg.dead_window, min_points=cfg.reward_zero_points)
+    r_lo, _ = h.span(h.reward, cfg.dead_window, min_points=cfg.reward_zero_points)
     lo, hi = h.span(M.GRAD_NORM, cfg.dead_window, min_points=cfg.dead_min_points)
     lo = min(lo, r_lo)
     grads = g[lo:hi][h.present.get(M.GRAD_NORM, np.ones(g.size, bool))[lo:hi]]
@@ -257,7 +290,7 @@ def dead_run(h: History, cfg: DetectorConfig, rng: RewardRange) -> Indicator:
     idle = _idle_level(h, cfg, lo)
     all_idle = bool(np.all(np.abs(grads) <= idle))
     x_lo = h.steps[lo]
-    rewards = _values_since(h, M.REWARD_MEAN, x_lo)
+    rewards = _values_since(h, h.reward, x_lo)
     zero_level = float("nan")
     reward_dead = False
     enough = rewards.size >= cfg.reward_zero_points

@@ -103,6 +103,8 @@ class History:
     values: Mapping[str, FloatArray]
     present: Mapping[str, BoolArray]
     step: int
+    reward: str = M.REWARD_MEAN
+    """The series judged as the run's reward (`DetectorConfig.reward_metric`): every reward rule reads it."""
     cache: dict[tuple[Any, ...], Any] = field(default_factory=dict, compare=False, repr=False)
     """Fits and index sets computed for this point (several signals share them)."""
 
@@ -317,18 +319,18 @@ def reward_mean_noise(h: History, cfg: DetectorConfig) -> float:
 
 def reward_smoothed(h: History, cfg: DetectorConfig) -> float:
     """Median of the reward over the last `reward_smooth` steps, at least `reward_smooth_points` values."""
-    return recent_median(h, M.REWARD_MEAN, cfg.reward_smooth, cfg.reward_smooth_points)
+    return recent_median(h, h.reward, cfg.reward_smooth, cfg.reward_smooth_points)
 
 
 def reward_reference(h: History, cfg: DetectorConfig) -> tuple[float, float]:
     """(median, noise SD around its Theil-Sen trend) of the reward over the baseline window before the
     smoothed points: the level a crash is measured from, in units of the reward's own noise."""
-    v = h.get(M.REWARD_MEAN)
+    v = h.get(h.reward)
     if v is None:
         return float("nan"), float("nan")
-    lo, _ = h.span(M.REWARD_MEAN, cfg.reward_smooth, min_points=cfg.reward_smooth_points)
-    b_lo, b_hi = h.before(M.REWARD_MEAN, lo, cfg.baseline_window, min_points=cfg.min_baseline_points)
-    fit = _fit(h, M.REWARD_MEAN, b_lo, b_hi)
+    lo, _ = h.span(h.reward, cfg.reward_smooth, min_points=cfg.reward_smooth_points)
+    b_lo, b_hi = h.before(h.reward, lo, cfg.baseline_window, min_points=cfg.min_baseline_points)
+    fit = _fit(h, h.reward, b_lo, b_hi)
     if fit.n < cfg.min_baseline_points:
         return float("nan"), float("nan")
     return stats.median(v[b_lo:b_hi]), fit.resid_sd
@@ -343,7 +345,7 @@ def reward_crash(
     name = "reward_crash"
     peak, low = rng.peak, rng.low
     if peak is None or low is None or not math.isfinite(smoothed):
-        return off(name, M.REWARD_MEAN)
+        return off(name, h.reward)
     level = low + cfg.reward_crash_frac * (peak - low)
     base_detail = {
         "statistic_is": "median reward of recent steps",
@@ -352,12 +354,10 @@ def reward_crash(
         "running_low": num(low),
     }
     if not (peak > low and smoothed < level):  # the costly noise estimate only when it matters
-        return Indicator(
-            name, False, M.REWARD_MEAN, num(smoothed), num(level), cfg.reward_smooth, base_detail
-        )
+        return Indicator(name, False, h.reward, num(smoothed), num(level), cfg.reward_smooth, base_detail)
     ref, noise = reward_reference(h, cfg)
     if not (math.isfinite(noise) and math.isfinite(ref)):
-        return off(name, M.REWARD_MEAN)
+        return off(name, h.reward)
     drop_z = _in_noise(ref - smoothed, noise)
     z_needed = cfg.reward_corroborated_z if corroborated else cfg.reward_crash_z
     fired = drop_z >= z_needed
@@ -369,7 +369,7 @@ def reward_crash(
         "noise_sd": num(noise),
         "corroborated": bool(corroborated),
     }
-    return Indicator(name, fired, M.REWARD_MEAN, num(smoothed), num(level), cfg.reward_smooth, detail)
+    return Indicator(name, fired, h.reward, num(smoothed), num(level), cfg.reward_smooth, detail)
 
 
 def _fit(h: History, metric: str, lo: int, hi: int, autocorr: bool = False) -> stats.TrendFit:
@@ -406,14 +406,14 @@ def trend_z(fit: stats.TrendFit) -> float:
 
 def reward_rising(h: History, cfg: DetectorConfig, window: int, name: str = "reward_rising") -> Indicator:
     """Reward Mann-Kendall trend significantly positive over `window` steps."""
-    fit, _ = trend(h, M.REWARD_MEAN, window, cfg.min_trend_points)
+    fit, _ = trend(h, h.reward, window, cfg.min_trend_points)
     if fit.n < cfg.min_trend_points:
-        return off(name, M.REWARD_MEAN)
+        return off(name, h.reward)
     z = trend_z(fit)
     return Indicator(
         name,
         z >= cfg.reward_rise_z,
-        M.REWARD_MEAN,
+        h.reward,
         num(z),
         cfg.reward_rise_z,
         window,
@@ -428,10 +428,10 @@ def reward_trailing_means(h: History, cfg: DetectorConfig, last: int = 64) -> tu
     """(relative steps, trailing means) at the last `last` logged rewards: the mean of the rewards logged
     in the `reward_zero_mean_window` steps ending at each (the collapse label's statistic, vectorised).
     Means of the earliest points may miss older values outside the slice; callers read the newest ones."""
-    v = h.get(M.REWARD_MEAN)
+    v = h.get(h.reward)
     if v is None:
         return np.empty(0), np.empty(0)
-    idx = h.finite_index(M.REWARD_MEAN)[-last:]
+    idx = h.finite_index(h.reward)[-last:]
     steps, vals = h.steps[idx], v[idx]
     first = np.searchsorted(steps, steps - cfg.reward_zero_mean_window, side="right")
     csum = np.concatenate([[0.0], np.cumsum(vals)])
@@ -456,21 +456,21 @@ def reward_zero(h: History, cfg: DetectorConfig, rng: RewardRange) -> Indicator:
     value at the floor, or (the collapse label's own criterion) its trailing mean held below the floor
     level of its range; either way the trailing mean is `reward_zero_noise` noise SDs below its best."""
     name = "reward_zero"
-    v = h.get(M.REWARD_MEAN)
+    v = h.get(h.reward)
     if v is None or rng.mean_peak is None or rng.mean_low is None:
-        return off(name, M.REWARD_MEAN)
+        return off(name, h.reward)
     if not rng.rose(cfg):
-        return off(name, M.REWARD_MEAN, "the reward never rose significantly above its low")
+        return off(name, h.reward, "the reward never rose significantly above its low")
     steps, means = reward_trailing_means(h, cfg)
     if steps.size == 0:
-        return off(name, M.REWARD_MEAN)
+        return off(name, h.reward)
     lost = rng.mean_peak - float(means[-1])
     drop = _in_noise(lost, rng.noise)
     if not rng.significant_drop(lost, cfg):
         return Indicator(
             name,
             False,
-            M.REWARD_MEAN,
+            h.reward,
             num(float(means[-1])),
             None,
             cfg.reward_zero_mean_window,
@@ -479,15 +479,15 @@ def reward_zero(h: History, cfg: DetectorConfig, rng: RewardRange) -> Indicator:
     held = _trailing_mean_held(h, cfg, rng, steps, means, drop)
     if held is not None:
         return held
-    recent = h.recent(M.REWARD_MEAN, cfg.reward_zero_window, cfg.reward_zero_points)
+    recent = h.recent(h.reward, cfg.reward_zero_window, cfg.reward_zero_points)
     if recent.size < cfg.reward_zero_points or rng.peak is None or rng.low is None:
-        return off(name, M.REWARD_MEAN)
+        return off(name, h.reward)
     level = rng.low + cfg.reward_zero_level * (rng.peak - rng.low)
     share = float(np.count_nonzero(recent <= level)) / recent.size
     return Indicator(
         name,
         share >= cfg.reward_zero_share,
-        M.REWARD_MEAN,
+        h.reward,
         num(share),
         cfg.reward_zero_share,
         cfg.reward_zero_window,
@@ -523,7 +523,7 @@ def _trailing_mean_held(
     return Indicator(
         "reward_zero",
         True,
-        M.REWARD_MEAN,
+        h.reward,
         num(float(means[-1])),
         num(level),
         cfg.reward_zero_mean_window,

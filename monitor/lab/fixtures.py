@@ -47,7 +47,7 @@ from contracts import metrics as M
 from monitor.detector.labels import RULE, collapse_step
 from monitor.evaluation import SOURCE_LAB, LabelledRun
 from monitor.lab.grid import REWARD_FLOORS
-from monitor.lab.results import FINISHED, analyse, label_metric, read_records
+from monitor.lab.results import FINISHED, TASK_SUCCESS, analyse, label_metric, read_records
 
 __all__ = [
     "FORMAT",
@@ -111,8 +111,22 @@ class RecordedRun:
             collapses=bool(label["collapses"]),
             collapse_step=label["collapse_step"],
             source=str(self.header.get("source", SOURCE_LAB)),
-            reward_floor=REWARD_FLOORS.get(str(settings.get("reward_design") or "exact")),
+            **_declared_reward(label.get("series"), settings),
         )
+
+
+TASK_SUCCESS_FLOOR: Final = 0.0
+"""Exact match scores 0 or 1 per response, so its batch mean's floor is 0."""
+
+
+def _declared_reward(series: str | None, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """What a user of this reward design declares in the run's detector overrides: the series the reward
+    rules judge (the task success the run is labelled on, when its optimised reward is shaped) and that
+    series' floor where it is fixed."""
+    if series is not None and series != M.REWARD_MEAN:
+        floor = TASK_SUCCESS_FLOOR if series == TASK_SUCCESS else None
+        return {"reward_metric": series, "reward_floor": floor}
+    return {"reward_floor": REWARD_FLOORS.get(str(settings.get("reward_design") or "exact"))}
 
 
 def _number(value: Any, where: str) -> float:

@@ -37,12 +37,21 @@ from monitor.telemetry import ServiceMetrics
 log = logging.getLogger("lldmon.detection")
 
 DETECTOR_INPUTS = CANONICAL_METRICS
-"""Only canonical metrics are read for the detector (importers map trainer names onto them)."""
+"""Only canonical metrics are read for the detector (importers map trainer names onto them), and the
+run's declared reward series (`detector_inputs`)."""
 CHUNK_POINTS: Final = 256
 """Steps judged per transaction: about 0.1 ms (one metric) to 2 ms (every canonical metric) each, so
 one chunk holds the lock for some 30 ms to 0.5 s."""
 MAX_POINTS: Final = 5000
 """Steps judged per call: every batch the client builds (5,000 steps at most) is judged at once."""
+
+
+def detector_inputs(config: DetectorConfig) -> tuple[str, ...]:
+    """The metrics read for a run's detector: the canonical ones and its `reward_metric` (a trainer's own
+    series, say `rewards/exact_match/mean`, when the run declared one)."""
+    if config.reward_metric in DETECTOR_INPUTS:
+        return tuple(DETECTOR_INPUTS)
+    return (*DETECTOR_INPUTS, config.reward_metric)
 
 
 class DetectionService:
@@ -96,10 +105,9 @@ class DetectionService:
             last_judged = state.last_step if state is not None else None
             if last_judged is not None:
                 step_min = max(0, last_judged - config.required_history + 1)
-            step_max = detection_store.chunk_end(conn, run_id, DETECTOR_INPUTS, last_judged, n)
-            steps, values, present = detection_store.read_window(
-                conn, run_id, DETECTOR_INPUTS, step_min, step_max
-            )
+            inputs = detector_inputs(config)
+            step_max = detection_store.chunk_end(conn, run_id, inputs, last_judged, n)
+            steps, values, present = detection_store.read_window(conn, run_id, inputs, step_min, step_max)
             if len(steps) == 0 or (last_judged is not None and steps[-1] <= last_judged):
                 return self.directives.in_force(conn, run_id), False, notifications
             result = update(SeriesWindow(steps=steps, values=values, present=present), state, config)

@@ -3,6 +3,8 @@ keep what they must keep, and the budget counts critical episodes per 10,000 hea
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -33,6 +35,16 @@ def test_affine_moves_the_reward_and_its_floor_and_nothing_else() -> None:
     assert RUN.reward_floor == 0.0 and moved.reward_floor == -1.0
     with pytest.raises(ValueError, match="a must be > 0"):
         affine(RUN, -1.0, 0.0)
+    # a declared reward series is the reward the detector judges: it moves with its floor
+    success = "rewards/exact_match/mean"
+    declared = replace(
+        RUN, values={**RUN.values, success: RUN.values[M.REWARD_MEAN] / 2}, reward_metric=success
+    )
+    moved = affine(declared, 3.0, -1.0)
+    np.testing.assert_allclose(moved.values[success], 3 * declared.values[success] - 1)
+    np.testing.assert_allclose(moved.values[M.REWARD_MEAN], 3 * RUN.values[M.REWARD_MEAN] - 1)
+    assert moved.reward_floor == -1.0 and moved.reward_metric == success
+    assert moved.reward_unit == 3.0  # the floor's minimum rise is declared in the reward's units too
 
 
 def test_block_shuffling_keeps_the_course_and_moves_the_texture() -> None:

@@ -3,6 +3,7 @@ Prometheus phase gauges and, under the `auto` policy only, the LLDS directive.""
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -189,3 +190,33 @@ def test_a_declared_reward_floor_is_used_from_the_first_steps(client: TestClient
         f"{API_PREFIX}/runs/{ids['declared']}/detector", json={"overrides": {"reward_floor": "x"}}
     )
     assert bad.status_code == 422 and "reward_floor" in bad.json()["error"]["message"]
+
+
+def test_a_declared_reward_series_is_read_and_judged_by_the_service(client: TestClient) -> None:
+    """A composite reward (format + answer) holds level while the answers collapse: with the task-success
+    series declared (`reward_metric`, a trainer's own key the detector does not read otherwise) the
+    service judges it and pages; the evidence names that series."""
+    steps = list(range(40))
+    success = [0.3] * 12 + [0.0] * 28
+    metrics = {"reward/mean": [1.0] * 40, "rewards/exact_match/mean": success, "grad/norm": [1.0] * 40}
+    ids = {}
+    for name, overrides in (
+        ("declared", {"reward_metric": "rewards/exact_match/mean", "reward_floor": 0}),
+        ("undeclared", {}),
+    ):
+        run_id = client.post(f"{API_PREFIX}/runs", json={"name": name}).json()["id"]
+        ok = client.put(f"{API_PREFIX}/runs/{run_id}/detector", json={"overrides": overrides})
+        assert ok.status_code == 200 and ok.json()["overrides"] == overrides
+        body = {"batch_id": "b", "steps": steps, "metrics": metrics}
+        assert client.post(f"{API_PREFIX}/runs/{run_id}/metrics", json=body).status_code == 200
+        ids[name] = run_id
+    declared = client.get(f"{API_PREFIX}/runs/{ids['declared']}/alerts").json()
+    zero = [a for a in declared if a["kind"] == "reward_zero"]
+    assert zero and zero[0]["severity"] == "critical"
+    assert "rewards/exact_match/mean" in json.dumps(zero[0])
+    undeclared = client.get(f"{API_PREFIX}/runs/{ids['undeclared']}/alerts").json()
+    assert not [a for a in undeclared if a["severity"] == "critical"]
+    bad = client.put(
+        f"{API_PREFIX}/runs/{ids['declared']}/detector", json={"overrides": {"reward_metric": "a\nb"}}
+    )
+    assert bad.status_code == 422 and "reward_metric" in bad.json()["error"]["message"]

@@ -44,13 +44,18 @@ def phases(run: LabelledRun) -> list[str]:
 
 def _runs() -> list[LabelledRun]:
     """Runs of every kind: a generated collapse with hooks, a noisy stagnant control, a lab collapse and
-    a lab control (their exact-match floor declared), and a real run with a signed score (scale-free)."""
+    a lab control (their exact-match floor declared), a lab collapse of a composite reward (its task
+    success declared as the reward series, with its floor), and a real run with a signed score
+    (scale-free)."""
     signed = next(r for r in found_runs() if r.name.endswith("yeu8r64c"))
     return [
         LabelledRun.from_scenario(collapse_scenario(3)),
         LabelledRun.from_scenario(noisy_stagnant_scenario(4)),
         read_fixture(LAB / "tiny_lr0.001_spg4_g4_len96_llds-off_n80_s3.jsonl.gz").to_labelled_run(),
         read_fixture(LAB / "tiny_lr0.0003_spg4_g4_len96_llds-off_n300_s0.jsonl.gz").to_labelled_run(),
+        read_fixture(
+            LAB / "tiny_lr0.001_spg4_g4_len96_rw-composite_llds-off_n80_s2.jsonl.gz"
+        ).to_labelled_run(),
         replace(signed, reward_floor=None),
     ]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import json
 import math
@@ -381,6 +382,47 @@ def test_kl_blowup_judges_each_kl_against_its_own_baseline() -> None:
     assert evidence["metric"] == M.KL_OLD
     assert evidence["baselines"][M.KL_REF] == pytest.approx(0.3, rel=0.05)
     assert evidence["baselines"][M.KL_OLD] == pytest.approx(0.002, rel=0.05)
+
+
+def test_kl_blowup_in_the_first_steps_warns_at_once_on_the_absolute_scale() -> None:
+    """No baseline exists before `min_start_points` + `min_recent_points` values: a KL of several nats is
+    judged against the absolute scale of a KL, and stays judged there while it lasts (a baseline taken
+    from the blown-up values would absorb it)."""
+    values = base(80, 21)
+    values[M.KL_REF] = np.where(np.arange(80) < 2, 0.001, 3.0)
+    result = run(values)
+    ((first, last),) = spans(result, KL_BLOWUP)
+    assert first <= 1 + CFG.min_recent_points and last == 79
+    finding = next(f for f in result.findings if f.kind == KL_BLOWUP)
+    assert finding.severity == "warning" and finding.evidence["baselines"][M.KL_REF] is None
+    assert finding.evidence["threshold"] == CFG.kl_blowup_early_abs
+    # a KL that is high from its first step, but at a scale healthy runs reach, is no blow-up
+    values[M.KL_REF] = np.full(80, 0.3)
+    assert KL_BLOWUP not in run(values).kinds()
+
+
+def test_a_declared_reward_series_is_judged_as_the_reward() -> None:
+    """A shaped reward (a format bonus holding it level) hides a collapse of the answers; with the
+    task-success series declared as `reward_metric` (and its floor), that series' collapse is the reward
+    collapse, and the evidence names it."""
+    values = base(150, 14)
+    success = "rewards/exact_match/mean"
+    values[success] = values[M.REWARD_MEAN].copy()
+    values[success][100:] = 0.0
+    assert REWARD_ZERO not in run(values).kinds()  # reward/mean is intact
+    declared = dataclasses.replace(CFG, reward_metric=success, reward_floor=0.0)
+    result = detect_offline(np.arange(150), values, declared)
+    ((first, _),) = spans(result, REWARD_ZERO)
+    assert 100 <= first <= 100 + CFG.reward_zero_window
+    evidence = next(f for f in result.findings if f.kind == REWARD_ZERO).evidence
+    assert evidence["metric"] == success
+    assert COLLAPSE in result.phases
+
+
+@pytest.mark.parametrize("name", ["", "bad\ud800key", "a\nb", 3])
+def test_a_reward_series_that_is_no_metric_name_is_refused(name: object) -> None:
+    with pytest.raises(ValueError, match="reward_metric"):
+        CFG.with_overrides({"reward_metric": name})
 
 
 def test_reward_to_zero() -> None:
