@@ -19,6 +19,7 @@ become all-correct and leave "pos").
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 # --- likelihood displacement (lld-reference.md section 2) ---
@@ -166,6 +167,34 @@ CANONICAL_METRICS: Final = (
 )
 
 MAX_METRIC_NAME_LENGTH: Final = 256
+
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+"""C0 and C1 control characters (Unicode category Cc), DEL included."""
+
+
+def metric_name_problem(name: object) -> str | None:
+    """Why `name` cannot be a metric name, or None if it can: the one rule of the ingest API, the
+    importers, `lldmon watch` and the trainer hooks, so that a name one path accepts is never refused by
+    another. A name is 1 to `MAX_METRIC_NAME_LENGTH` characters of text the database can store (no lone
+    surrogate escapes: UTF-8 cannot encode them) and no terminal, log line or table cell can be forged
+    with (no control characters: NUL, newline, escape, ...). The reason does not quote the name: callers
+    say where it was."""
+    if not isinstance(name, str):
+        return f"metric names must be strings, not {type(name).__name__}"
+    if not name:
+        return "empty metric name"
+    if len(name) > MAX_METRIC_NAME_LENGTH:
+        return f"metric name longer than {MAX_METRIC_NAME_LENGTH} characters"
+    control = _CONTROL.search(name)
+    if control is not None:
+        return f"metric name contains the control character {control.group()!r}"
+    if not name.isascii():
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"metric name is not valid Unicode (lone surrogate {name[exc.start]!r})"
+    return None
+
 
 DEFAULT_SUCCESS_THRESHOLD: Final = 1.0
 """A response is "correct" when its reward is >= this (exact-match reward: 1.0 right, 0.0 wrong).

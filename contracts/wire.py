@@ -27,6 +27,11 @@ client splits its batches under it before the first one is refused."""
 """The project of a run created without one (and without a project-scoped token)."""
 
 BATCH_ID_MAX_LENGTH: Final = 64
+IMPORT_BATCH_PREFIX: Final = "import-"
+"""Batch ids of imports (`lldmon import`, local and `--url`) start with this: an imported log is history,
+so its `directive/applied_version` values are stored as data but acknowledge none of the run's
+directives (they were logged against another run's, or an earlier life's, versions). Trainers' ids
+never start with it."""
 
 NAN: Final = "NaN"
 POS_INF: Final = "Infinity"

@@ -83,7 +83,9 @@ def ensure_schema(settings: Settings, db: Database) -> None:
 
 
 def build_services(
-    settings: Settings, registry: CollectorRegistry | None = None, http_client: httpx.Client | None = None
+    settings: Settings,
+    registry: CollectorRegistry | None = None,
+    sink_transport: httpx.AsyncBaseTransport | None = None,
 ) -> Services:
     """Open the database, check its schema and wire the services (`SchemaOutdated` if it is behind)."""
     db = Database(make_engine(settings.resolved_database_url(), pool_size=settings.db_pool_size))
@@ -92,13 +94,17 @@ def build_services(
     except BaseException:
         db.dispose()
         raise
-    return assemble_services(settings, db, registry or CollectorRegistry(), http_client)
+    return assemble_services(settings, db, registry or CollectorRegistry(), sink_transport)
 
 
 def assemble_services(
-    settings: Settings, db: Database, registry: CollectorRegistry, http_client: httpx.Client | None = None
+    settings: Settings,
+    db: Database,
+    registry: CollectorRegistry,
+    sink_transport: httpx.AsyncBaseTransport | None = None,
 ) -> Services:
-    """Wire the services around an open database (no I/O here); `http_client` carries webhooks."""
+    """Wire the services around an open database (no I/O here); `sink_transport` replaces the webhooks'
+    network (tests)."""
 
     def snapshot() -> Snapshot:
         with db.read() as conn:
@@ -111,7 +117,7 @@ def assemble_services(
     telemetry = ServiceMetrics(registry, snapshot)
     runs = RunService(db)
     dispatcher = Dispatcher(
-        build_sinks(settings, http_client),
+        build_sinks(settings, sink_transport),
         telemetry,
         max_attempts=settings.sink_max_attempts,
         recorder=DeliveryLog(db),

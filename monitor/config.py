@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -22,6 +22,11 @@ MAX_DURATION: Final = timedelta(days=36500)
 """A century: longer retention is surely a unit mistake (and `now - it` would leave the calendar)."""
 _DURATION = re.compile(r"\s*(\d{1,9})\s*([smhdw])\s*")
 
+Seconds = Annotated[float, Field(gt=0, le=MAX_DURATION.total_seconds())]
+"""Every duration setting in seconds: positive, and at most a century, so that it always fits a
+`timedelta` and a thread's wait (`threading.TIMEOUT_MAX`); NaN and +-inf are refused for every float
+setting by `Settings.model_config`."""
+
 
 def parse_duration(text: str) -> timedelta:
     """`30d`, `12h`, `90m`, `45s`, `2w` as a timedelta; ValueError saying what is accepted otherwise."""
@@ -37,7 +42,9 @@ def parse_duration(text: str) -> timedelta:
 class Settings(BaseSettings):
     """Every knob of the service. Environment variables use the `LLDMON_` prefix."""
 
-    model_config = SettingsConfigDict(env_prefix="LLDMON_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="LLDMON_", extra="ignore", allow_inf_nan=False)
+    """`allow_inf_nan=False`: no float setting may be NaN or +-inf (`inf` seconds would overflow a
+    timedelta at start-up or end a background loop's wait at once)."""
 
     data_dir: Path = Field(default=DEFAULT_DATA_DIR, description="Where the embedded SQLite file lives.")
     database_url: str | None = Field(
@@ -62,9 +69,7 @@ class Settings(BaseSettings):
     # LLDMON_WEBHOOK_URLS='["http://hooks.internal/lldmon"]'.
     webhook_urls: list[str] = Field(default_factory=list, description="Generic JSON webhooks.")
     slack_webhook_urls: list[str] = Field(default_factory=list, description="Slack-compatible webhooks.")
-    renotify_seconds: float = Field(
-        default=3600.0, gt=0, description="Re-notify a still-open alert after this."
-    )
+    renotify_seconds: Seconds = Field(default=3600.0, description="Re-notify a still-open alert after this.")
     alert_hold_steps: int = Field(
         default=20,
         ge=0,
@@ -85,7 +90,9 @@ class Settings(BaseSettings):
         description="Base URL people reach the service at (https://lldmon.example.org); notifications "
         "link to <it>/dashboard/run/<id>.",
     )
-    sink_timeout_seconds: float = Field(default=10.0, gt=0, description="Per request to a sink.")
+    sink_timeout_seconds: Seconds = Field(
+        default=10.0, description="Total seconds per delivery attempt to a sink (connect, send, answer)."
+    )
     sink_max_attempts: int = Field(default=5, gt=0, description="Tries per notification and sink.")
 
     # Closed loop: what `auto` runs get when they slide (lld-reference.md section 4).
@@ -101,11 +108,11 @@ class Settings(BaseSettings):
     )
 
     # Liveness (monitor.services.liveness): a silent run is marked stalled, then crashed.
-    liveness_sweep_seconds: float = Field(
-        default=30.0, gt=0, description="How often running runs are checked for silence."
+    liveness_sweep_seconds: Seconds = Field(
+        default=30.0, description="How often running runs are checked for silence."
     )
-    stall_after_seconds: float = Field(
-        default=900.0, gt=0, description="Default stall threshold's floor (scaled up for slow steps)."
+    stall_after_seconds: Seconds = Field(
+        default=900.0, description="Default stall threshold's floor (scaled up for slow steps)."
     )
     stall_step_factor: float = Field(
         default=10.0, ge=0, description="Default stall threshold: this many median step intervals."
@@ -121,8 +128,8 @@ class Settings(BaseSettings):
         description="Keep raw action records this long (e.g. 30d, 12h, 90m); unset: forever. Pruned "
         "steps keep their per-step delta quantiles.",
     )
-    actions_prune_seconds: float = Field(
-        default=3600.0, gt=0, description="How often the server prunes by `actions_retention`."
+    actions_prune_seconds: Seconds = Field(
+        default=3600.0, description="How often the server prunes by `actions_retention`."
     )
 
     @field_validator("actions_retention", mode="before")

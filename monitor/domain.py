@@ -46,7 +46,8 @@ class DirectiveInfo:
     llds_manual: bool = False
     """A person set LLDS in this or an earlier version: the detector leaves LLDS alone."""
     applied_version: int = 0
-    """The highest version the run's trainer acknowledged (its `directive/applied_version` metric)."""
+    """The highest version the run's trainer acknowledged (its `directive/applied_version` metric, as
+    judged when its batch was ingested: `IngestService`)."""
     applied_step: int | None = None
     """In a history: the first step at which the trainer acknowledged this version (None: not yet)."""
 

@@ -4,6 +4,7 @@ LLDMonError
 ├── NotFound            404  unknown run, token, ...
 ├── Unauthorized        401  missing or unknown bearer token while auth is on
 ├── Forbidden           403  token of another project
+├── BadRequest          400  a malformed request (a Content-Length that is not a number)
 ├── InvalidInput        422  names the offending field
 ├── PayloadTooLarge     413  body over the configured limit
 ├── Conflict            409  concurrent update lost a race
@@ -36,6 +37,11 @@ class Unauthorized(LLDMonError):
 class Forbidden(LLDMonError):
     status_code = 403
     code = "forbidden"
+
+
+class BadRequest(LLDMonError):
+    status_code = 400
+    code = "bad_request"
 
 
 class InvalidInput(LLDMonError):

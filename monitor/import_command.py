@@ -5,16 +5,25 @@ Parsing comes first and completely (with a bytes progress bar for large inputs);
 opened afterwards, so `--strict` on a malformed file, a missing file or an unknown format leave it
 untouched. The CLI opens the service state with webhook and Slack sinks off unless `--notify` is given: an
 old log should not page anyone.
+
+Ctrl-C while writing stops the import at the next chunk boundary (`DeferredInterrupt`), never inside a
+chunk's write, where it could leave a database connection mid-command; a second Ctrl-C stops at once
+(the store then discards the connection it interrupted). Either way the command exits 130 and says what
+became of the run: marked `failed` if the import started it, its status kept otherwise.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType, TracebackType
 from typing import Any, Final
 
 from rich.console import Console
@@ -41,6 +50,7 @@ EXIT_REFUSED: Final = 1
 EXIT_USAGE: Final = 2
 EXIT_INTERRUPTED: Final = 130
 """128 + SIGINT, as a shell reports a command stopped by Ctrl-C."""
+DEFERRED_NOTICE: Final = "Ctrl-C: stopping after the chunk being written (press it again to stop at once)"
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,55 @@ class ImportOptions:
     notify: bool = False
 
 
+class DeferredInterrupt:
+    """While active, SIGINT is recorded, not raised: `check()`, called between chunks, raises the
+    KeyboardInterrupt there. A KeyboardInterrupt raised anywhere (inside a PostgreSQL COPY, inside
+    psycopg's wait for the server) can leave a connection mid-command, so that rolling back or marking
+    the run fails or hangs. A second SIGINT before that boundary raises at once (the user insists); once
+    `check()` has raised, further ones are ignored so that marking the run runs to its end. The previous
+    handler is restored on exit. A no-op outside the main thread, or where SIGINT is ignored (a job
+    started in the background keeps ignoring it) or handled outside Python."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.raised = False
+        self._previous: Any = None
+        self._installed = False
+
+    def __enter__(self) -> DeferredInterrupt:
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.getsignal(signal.SIGINT)
+            if previous not in (signal.SIG_IGN, None):  # None: set outside Python, cannot be restored
+                self._previous = signal.signal(signal.SIGINT, self._handle)
+                self._installed = True
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._installed:
+            signal.signal(signal.SIGINT, self._previous)
+            self._installed = False
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.raised:
+            return
+        if self.requested:
+            self.raised = True
+            raise KeyboardInterrupt
+        self.requested = True
+        # From a signal handler: a plain write to stderr, not through rich's console (which the
+        # interrupted code may be in the middle of).
+        with contextlib.suppress(OSError):
+            os.write(2, f"\n{DEFERRED_NOTICE}\n".encode())
+
+    def check(self) -> None:
+        """Raise the KeyboardInterrupt a SIGINT asked for, once."""
+        if self.requested and not self.raised:
+            self.raised = True
+            raise KeyboardInterrupt
+
+
 def run_import(options: ImportOptions, console: Console, open_state: Callable[[], Any]) -> int:
     """The whole command; returns the exit code. `open_state` builds the service state (the CLI's own
     settings and database handling); it is called only once the input has parsed."""
@@ -67,7 +126,7 @@ def run_import(options: ImportOptions, console: Console, open_state: Callable[[]
     if isinstance(read, int):
         return read
     log, fmt, files = read
-    from monitor.services.importing import ImportInterrupted
+    from monitor.services.importing import ImportFailed, ImportInterrupted
 
     try:
         state = open_state()
@@ -77,10 +136,14 @@ def run_import(options: ImportOptions, console: Console, open_state: Callable[[]
     try:
         with _quiet_alert_log(not options.notify):
             return _write(options, log, fmt, len(files), state, console)
+    except ImportFailed as failed:
+        code = _fail(console, failed.message, EXIT_REFUSED)
+        _stopped("stopped", failed.stop, console)
+        return code
     except LLDMonError as exc:
         return _fail(console, exc.message, EXIT_REFUSED)
-    except ImportInterrupted as stop:
-        _interrupted(stop, options, console)
+    except ImportInterrupted as interrupted:
+        _stopped("interrupted", interrupted.stop, console)
         return EXIT_INTERRUPTED
     except KeyboardInterrupt:
         console.print(
@@ -136,15 +199,20 @@ def read_input(options: ImportOptions, console: Console) -> tuple[Any, str, list
     return log, fmt, [Path(f) for f in files]
 
 
-def _interrupted(stop: Any, options: ImportOptions, console: Console) -> None:
-    """One line: how far the import got, that the run is marked failed, and the command that completes
-    it (the same files again: --append keeps what the run held before, --replace starts over)."""
+def _stopped(what: str, stop: Any, console: Console) -> None:
+    """One line: how far the import got, what became of the run (marked failed if the import started
+    it, its status kept if not) and the command that completes it (the same files again: --append keeps
+    what the run held before, --replace starts over)."""
     run = stop.run
     how = "--append" if stop.mode == "append" else "--replace"
-    upto = f" (up to step {run.last_step:,})" if run.last_step is not None else ""
+    fate = (
+        "marked failed"
+        if stop.marked_failed
+        else f"left {run.status} (this import did not start it, so it does not end it)"
+    )
     console.print(
-        f"interrupted: run {run.id} {escape(run.name)!r} of project {escape(run.project)!r} marked failed "
-        f"with {stop.written:,} of {stop.total:,} steps written{upto}; run the same command with {how} to "
+        f"{what}: run {run.id} {escape(run.name)!r} of project {escape(run.project)!r} {fate}, with "
+        f"{stop.written:,} of {stop.total:,} steps of the log written; run the same command with {how} to "
         "import it completely",
         highlight=False,
         soft_wrap=True,
@@ -157,10 +225,13 @@ def _write(options: ImportOptions, log: Any, fmt: str, n_files: int, state: Any,
 
     service = ImportService(state.db, state.runs, state.ingest, state.query, state.alerts)
     mode: ImportMode = "replace" if options.replace else "append" if options.append else "new"
-    with Progress(
-        TextColumn("writing steps"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console
-    ) as progress:
+    with steps_progress(console) as progress, DeferredInterrupt() as interrupt:
         task = progress.add_task("write", total=len(log))
+
+        def written(n: int) -> None:
+            progress.advance(task, n)
+            interrupt.check()
+
         result = service.import_log(
             Principal(),
             log,
@@ -169,10 +240,17 @@ def _write(options: ImportOptions, log: Any, fmt: str, n_files: int, state: Any,
             mode=mode,
             tags=list(options.tags),
             chunk_steps=options.chunk_steps or DEFAULT_CHUNK_STEPS,
-            on_steps=lambda n: progress.advance(task, n),
+            on_steps=written,
         )
     summary(result, fmt, n_files, console)
     return 0
+
+
+def steps_progress(console: Console) -> Progress:
+    """The progress bar of the steps an import writes (locally or over HTTP)."""
+    return Progress(
+        TextColumn("writing steps"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console
+    )
 
 
 def summary(result: Any, fmt: str, n_files: int, console: Console) -> None:

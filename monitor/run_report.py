@@ -7,11 +7,11 @@ from datetime import datetime
 from typing import Any, Final
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from contracts import metrics as m
 from contracts.wire import encode_float, encode_json
+from monitor.cli._common import shown
 from monitor.detector.explain import reopened_text
 from monitor.domain import AlertInfo, DirectiveInfo, RunSummary
 
@@ -83,13 +83,13 @@ def summary_json(s: RunSummary) -> dict[str, Any]:
 def render_summary(s: RunSummary, console: Console) -> None:
     run = s.run
     console.print(
-        f"[bold]run {run.id}[/bold]  {escape(run.project)} / [bold]{escape(run.name)}[/bold]  "
+        f"[bold]run {run.id}[/bold]  {shown(run.project)} / [bold]{shown(run.name)}[/bold]  "
         f"status {run.status}, phase [bold]{run.phase or 'none yet'}[/bold], policy {run.directive_policy}"
     )
     console.print(
         f"created {_when(run.created_at)}, last seen {_when(run.last_seen_at)}"
         + (f", finished {_when(run.finished_at)}" if run.finished_at else "")
-        + (f"; tags: {escape(', '.join(run.tags))}" if run.tags else "")
+        + (f"; tags: {shown(', '.join(run.tags))}" if run.tags else "")
     )
     if s.n_steps:
         console.print(
@@ -104,7 +104,7 @@ def render_summary(s: RunSummary, console: Console) -> None:
     if key:
         table = Table("metric", "last value", "at step", title="Last values", title_justify="left")
         for x in key:
-            table.add_row(x.name, format_value(x.last_value), str(x.last_step))
+            table.add_row(shown(x.name), format_value(x.last_value), str(x.last_step))
         console.print(table)
     others = len(s.metrics) - len(key)
     if others:
@@ -138,7 +138,7 @@ def render_summary(s: RunSummary, console: Console) -> None:
                 f"{a.first_step}-{a.last_step}",
                 a.status + (f", {reopened_text(a.reopen_count)}" if a.reopen_count else ""),
                 _when(a.acknowledged_at) if a.acknowledged_at else "no",
-                escape(a.message),
+                shown(a.message),
             )
         console.print(table)
     else:
@@ -153,10 +153,10 @@ def render_summary(s: RunSummary, console: Console) -> None:
                 str(d.version),
                 _when(d.created_at),
                 "" if d.step is None else str(d.step),
-                d.source,
+                shown(d.source),
                 "on" if d.llds_enabled else "off",
                 f"{d.llds_lambda:g}",
-                escape(d.reason),
+                shown(d.reason),
             )
         console.print(table)
     else:

@@ -13,12 +13,21 @@ Exactly once across restarts and rotation, without any support from the trainer:
   write atomic (`os.replace`), so a watcher killed at any moment re-reads and re-sends exactly that
   byte range after a restart.
 - A chunk's batch id is derived from what cannot change: file identity, byte range, a digest of the
-  bytes and the step counter it started from. A re-sent chunk is therefore a duplicate on the service's
-  batch ledger, never a second copy and never a 409.
+  bytes, the step counter it started from and how often the file was found rewritten. A re-sent chunk
+  is therefore a duplicate on the service's batch ledger, never a second copy and never a 409.
+- A record the service refuses (422) never takes the rest of its chunk with it: the refused batch is
+  halved (steps, then the names of one step) until each refused value stands alone; every other part
+  is stored, each refusal is reported with file:line and the service's reason, and only then does the
+  offset move past the chunk. The halves have ids derived from their parent's, so a watcher stopped
+  halfway re-sends the same parts (duplicates) after a restart.
 - Rotation: when the path names another file (renamed and recreated) the old file is drained first
   (its last line even without a newline) and the new one is read from its start; a watcher that was
-  down during a rotation finds the old file by its inode next to the path. A file truncated below the
-  offset (copytruncate) is read again from its start.
+  down during a rotation finds the old file by its inode next to the path.
+- Rewriting in place (copytruncate, or delete and recreate on a reused inode) keeps the identity and
+  may regrow past the offset, so size alone cannot tell. The state therefore holds a digest of the
+  last `ANCHOR_BYTES` read before the offset (the anchor), checked against the file on every read;
+  a mismatch means the content before the offset changed: a copy next to the path whose bytes match
+  the anchor (copytruncate's) is drained from the offset first, then the file is read from its start.
 """
 
 from __future__ import annotations
@@ -53,7 +62,10 @@ FINISHED: Final = "finished"
 """The final status `--finish` sets (one of `contracts.wire.RUN_STATUSES`)."""
 MAX_CHUNK_BYTES: Final = 1 << 20
 """Whole lines read (and sent as one batch) at a time."""
-STATE_VERSION: Final = 1
+ANCHOR_BYTES: Final = 4096
+"""The bytes before the offset whose digest tells the file read so far from a rewritten one."""
+STATE_VERSION: Final = 2
+"""2 added the anchor and the rewrite count; a version 1 state (no anchor) is resumed unchecked."""
 _BATCH_NAMESPACE: Final = uuid.uuid5(uuid.NAMESPACE_URL, "lldmon:watch-chunk")
 _RETRY_STATUSES: Final = frozenset({408, 429, 500, 502, 503, 504})
 
@@ -80,6 +92,8 @@ class Pending:
     trl_step: int
     final: bool = False
     """The last chunk of a rotated file: its last line may lack a newline."""
+    rewrites: int = 0
+    """`WatchState.rewrites` when the chunk was read (part of its batch id)."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +110,12 @@ class WatchState:
     """The step of TRL's last log dict (TRL prints none: the importer counts them)."""
     pending: Pending | None = None
     version: int = STATE_VERSION
+    anchor_len: int = 0
+    anchor: str | None = None
+    """sha256 (hex) of the `anchor_len` bytes before `offset`; None (an older state): not checked."""
+    rewrites: int = 0
+    """How often the file was found rewritten in place: a chunk read again at the same place of the same
+    inode after that is new content and gets a new batch id."""
 
     @classmethod
     def load(cls, file: Path, path: str) -> WatchState | None:
@@ -109,7 +129,14 @@ class WatchState:
             raise WatchError(f"cannot read watch state {file}: {exc}; delete it to start over") from None
         try:
             pending = data.pop("pending", None)
-            return cls(**{**data, "path": path, "pending": Pending(**pending) if pending else None})
+            return cls(
+                **{
+                    **data,
+                    "path": path,
+                    "pending": Pending(**pending) if pending else None,
+                    "version": STATE_VERSION,
+                }
+            )
         except TypeError as exc:
             raise WatchError(f"watch state {file} is not lldmon's: {exc}; delete it to start over") from None
 
@@ -188,15 +215,55 @@ def chunk_batch_id(pending: Pending, data: bytes) -> str:
     """Stable for the same bytes at the same place of the same file (a re-send is a duplicate)."""
     digest = hashlib.sha256(data).hexdigest()
     key = f"{pending.dev}:{pending.ino}:{pending.start}-{pending.end}:{pending.trl_step}:{digest}"
+    if pending.rewrites:
+        key += f":r{pending.rewrites}"
     return "w-" + uuid.uuid5(_BATCH_NAMESPACE, key).hex
+
+
+def step_lines(fmt: str, lines: list[Line], path: str, trl_step: int) -> dict[int, list[int]]:
+    """step -> the numbers of the lines that logged it (to name the lines of a refused value)."""
+    out: dict[int, list[int]] = {}
+    for line in lines:
+        parsed = parse_chunk(fmt, [line], path, Diagnostics(), trl_step)
+        trl_step = parsed.trl_step
+        for step in parsed.records:
+            out.setdefault(step, []).append(line.number)
+    return out
+
+
+def anchor_of(before: bytes) -> tuple[int, str]:
+    """(length, sha256 hex) of the last `ANCHOR_BYTES` of the bytes read before an offset."""
+    tail = before[-ANCHOR_BYTES:]
+    return len(tail), hashlib.sha256(tail).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------- service
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """A value the service refused on its own (the smallest part a refused batch could be cut to)."""
+
+    steps: tuple[int, ...]
+    names: tuple[str, ...]
+    values: int
+    reason: str
+
+
+@dataclass
+class Delivery:
+    """What became of one metrics body: the steps and values the service has now (stored or already
+    there), and the values it refused."""
+
+    steps: set[int] = field(default_factory=set)
+    values: int = 0
+    refused: list[Refusal] = field(default_factory=list)
+
+
 class Service:
     """The HTTP side: run registration, batches (split to the body limit, retried while the service is
-    unreachable or busy), finishing the run. Waits end early when `stop` is set."""
+    unreachable or busy, halved around what it refuses), finishing the run. Waits end early when `stop`
+    is set. `sent`/`duplicates` count accepted requests, `refused` refused values."""
 
     def __init__(
         self,
@@ -259,13 +326,21 @@ class Service:
         self.run_id = int(response.json()["id"])
         return True
 
-    def send(self, body: dict[str, Any]) -> bool:
-        """Deliver one metrics body (in parts if over the body limit); False if stopped first."""
+    def send(self, body: dict[str, Any]) -> Delivery | None:
+        """Deliver one metrics body; None if stopped first (nothing is known to be lost then: the
+        caller keeps the chunk pending and sends the same body again).
+
+        A body over the limit (413) is split by size. A refused one (422) is halved, and each half sent
+        on its own, until the refused values stand alone: one refused record never takes others with
+        it. Halving costs about two requests per refused value and level, and none while nothing is
+        refused. The halves' ids derive from the parent's (`split.part_id`), so the same body halves the
+        same way into the same ids again."""
         if not self.ensure_run():
-            return False
-        pending = split.split_body("metrics", body, self.max_bytes)
-        while pending:
-            part, raw = pending[0]
+            return None
+        delivery = Delivery()
+        queue = split.split_body("metrics", body, self.max_bytes)
+        while queue:
+            part, raw = queue[0]
             response = self._request(
                 "POST",
                 f"/runs/{self.run_id}/metrics",
@@ -273,26 +348,38 @@ class Service:
                 headers={"content-type": "application/json", "content-encoding": "gzip"},
             )
             if response is None:
-                return False
-            if response.status_code == 413:
-                limit = split.limit_from_error(response.text) or len(raw) // 2
-                self.max_bytes = min(self.max_bytes, max(1024, limit))
-                parts = split.split_body("metrics", part, self.max_bytes)
+                return None
+            status = response.status_code
+            if status in (413, 422):
+                limit = len(raw) - 1  # just under its own size: two halves
+                if status == 413:
+                    found = split.limit_from_error(_error_message(response)) or len(raw) // 2
+                    self.max_bytes = min(self.max_bytes, max(1024, found))
+                    limit = min(limit, self.max_bytes)
+                parts = [
+                    _pruned(p) for p, _ in split.split_body("metrics", part, limit) if _part_contents(p)[1]
+                ]
                 if len(parts) > 1:
-                    pending[:1] = parts
+                    queue[:1] = parts
                     continue
-            pending.pop(0)
+            queue.pop(0)
             if response.is_success:
                 if response.json().get("duplicate"):
                     self.duplicates += 1
                 else:
                     self.sent += 1
-            elif response.status_code in (401, 403, 404, 409):
+                steps, values = _part_contents(part)
+                delivery.steps.update(steps)
+                delivery.values += values
+            elif status in (413, 422):  # this value can never be accepted; the others were sent apart
+                steps, values = _part_contents(part)
+                delivery.refused.append(
+                    Refusal(tuple(steps), tuple(part["metrics"]), values, _describe(response))
+                )
+                self.refused += values
+            else:  # 401/403/404/409, or a request the service cannot take at all: stop, keep the chunk
                 raise WatchError(f"batch {part['batch_id']}: {_describe(response)}")
-            else:  # 422 and the like: this batch can never be accepted; the next ones can
-                self.refused += 1
-                self.echo(f"warning: batch {part['batch_id']} refused: {_describe(response)}")
-        return True
+        return delivery
 
     def finish(self) -> bool:
         if not self.ensure_run():
@@ -312,12 +399,45 @@ def _retry_after(response: httpx.Response) -> float | None:
         return None
 
 
-def _describe(response: httpx.Response) -> str:
+def _pruned(part: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    """A split part without the names and steps it has no value of, encoded. Slices keep every name of
+    their parent, and a name the service refuses is refused even with no value: left in, it would follow
+    every half down to single values. The service's ledger digests only the values, so this changes no
+    batch's identity."""
+    metrics = {name: col for name, col in part["metrics"].items() if any(v is not None for v in col)}
+    keep = [i for i in range(len(part["steps"])) if any(col[i] is not None for col in metrics.values())]
+    pruned = {
+        "batch_id": part["batch_id"],
+        "steps": [part["steps"][i] for i in keep],
+        "metrics": {name: [col[i] for i in keep] for name, col in metrics.items()},
+    }
+    return pruned, split.encode_compact(pruned)
+
+
+def _part_contents(part: dict[str, Any]) -> tuple[list[int], int]:
+    """(the steps with a value, the number of values) of a metrics body."""
+    metrics = part["metrics"]
+    steps = [s for i, s in enumerate(part["steps"]) if any(col[i] is not None for col in metrics.values())]
+    return steps, sum(v is not None for col in metrics.values() for v in col)
+
+
+def _error_message(response: httpx.Response) -> str:
+    """The service's error message (`{"error": {"message", "field"}}`), else the body's text."""
     try:
-        detail = response.json().get("detail", response.text)
+        data = response.json()
     except ValueError:
-        detail = response.text
-    return f"HTTP {response.status_code} {str(detail)[:300]}"
+        return response.text
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict) and error.get("message"):
+        field = error.get("field")
+        return f"{error['message']}" + (f" (at {field})" if field else "")
+    if isinstance(data, dict) and "detail" in data:
+        return str(data["detail"])
+    return response.text
+
+
+def _describe(response: httpx.Response) -> str:
+    return f"HTTP {response.status_code} {_error_message(response)[:300]}"
 
 
 # ---------------------------------------------------------------------------------------------- follower
@@ -326,11 +446,17 @@ def _describe(response: httpx.Response) -> str:
 @dataclass
 class Summary:
     steps: int = 0
+    """Steps the service has a value of now, from this watch (stored, or already there)."""
     batches: int = 0
+    """Requests the service accepted (`duplicates` of them already there)."""
     duplicates: int = 0
     refused: int = 0
+    """Values the service refused (each reported with its file:line)."""
     idle: bool = False
     """Ended by `--until-idle` (not by a signal)."""
+
+
+EMPTY_ANCHOR: Final = anchor_of(b"")[1]
 
 
 def _identity(st: os.stat_result) -> tuple[int, int]:
@@ -347,24 +473,51 @@ def _find_by_identity(path: Path, dev: int, ino: int) -> Path | None:
     return None
 
 
-def _read_whole_lines(handle: IO[bytes], offset: int) -> bytes:
-    """Bytes from `offset` up to the last newline (at most about `MAX_CHUNK_BYTES`, more only for one
-    longer line); b"" while no complete line is there."""
-    handle.seek(offset)
+def _find_by_anchor(path: Path, state: WatchState) -> Path | None:
+    """A file next to `path`, other than the one the state names, whose bytes before the offset are
+    the ones read there (copytruncate's copy of a log that was then truncated in place)."""
+    if state.anchor is None or state.offset == 0:
+        return None
+    with contextlib.suppress(OSError), os.scandir(path.parent) as entries:
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                if not entry.is_file() or _identity(entry.stat()) == (state.dev, state.ino):
+                    continue
+                if entry.stat().st_size < state.offset:
+                    continue
+                with open(entry.path, "rb") as handle:
+                    if _anchored(state, _read_before(handle, state.offset, state.anchor_len)):
+                        return Path(entry.path)
+    return None
+
+
+def _anchored(state: WatchState, before: bytes) -> bool:
+    """Whether `before` (read just before the offset) is what was read there (unknown: yes)."""
+    return state.anchor is None or anchor_of(before) == (state.anchor_len, state.anchor)
+
+
+def _read_before(handle: IO[bytes], offset: int, length: int) -> bytes:
+    """The `length` bytes ending at `offset` (fewer if the file is shorter); leaves the handle there."""
+    start = max(0, offset - length)
+    handle.seek(start)
+    return handle.read(offset - start)
+
+
+def _read_whole_lines(handle: IO[bytes], offset: int, before: int = 0) -> tuple[bytes, bytes]:
+    """The `before` bytes ending at `offset` and, read with them, the bytes from `offset` up to the last
+    newline (at most about `MAX_CHUNK_BYTES`, more only for one longer line; b"" while no complete line
+    is there). One read of both, so the bytes checked against the anchor are the ones sent after it."""
+    before = min(before, offset)
+    handle.seek(offset - before)
     data = b""
     while True:
         block = handle.read(MAX_CHUNK_BYTES)
-        if not block:
-            return b""
         data += block
-        cut = data.rfind(b"\n")
+        if not block:
+            return data[:before], b""
+        cut = data.rfind(b"\n", before)
         if cut >= 0:
-            return data[: cut + 1]
-
-
-def _read_range(handle: IO[bytes], start: int, end: int) -> bytes:
-    handle.seek(start)
-    return handle.read(end - start)
+            return data[:before], data[before : cut + 1]
 
 
 class Watcher:
@@ -420,6 +573,7 @@ class Watcher:
         finally:
             if self._handle is not None:
                 self._handle.close()
+        self.summary.batches = self.service.sent + self.service.duplicates
         self.summary.duplicates = self.service.duplicates
         self.summary.refused = self.service.refused
         return self.summary
@@ -430,9 +584,12 @@ class Watcher:
             return self._open_current()
         if self.state.format is None and not self._detect():
             return False
-        data = _read_whole_lines(self._handle, self.state.offset)
+        before, data = _read_whole_lines(self._handle, self.state.offset, self.state.anchor_len)
+        if not _anchored(self.state, before):
+            self._rewritten("")
+            return True
         if data:
-            return self._begin(data)
+            return self._begin(data, before)
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
@@ -441,9 +598,8 @@ class Watcher:
             self._drain_final()
             self._switch(st)
             return True
-        if st.st_size < self.state.offset:
-            self.echo(f"{self.path} was truncated: reading it again from its start")
-            self._save(replace(self.state, offset=0, line=0))
+        if st.st_size < self.state.offset:  # a state without an anchor can only tell by the size
+            self._rewritten("")
             return True
         return False
 
@@ -460,22 +616,61 @@ class Watcher:
             st = None
         if st is not None and _identity(st) == (state.dev, state.ino):
             self._handle = open(self.path, "rb")  # noqa: SIM115 - closed at the end of run()
-            if st.st_size < state.offset:
-                self.echo(f"{self.path} was truncated while not watched: reading it again from its start")
-                self._save(replace(state, offset=0, line=0, pending=None))
+            before = _read_before(self._handle, state.offset, state.anchor_len)
+            if st.st_size < state.offset or not _anchored(state, before):
+                self._rewritten(" while not watched")
             return True
         assert state.ino is not None
         old = _find_by_identity(self.path, state.dev, state.ino)
         if old is not None:
-            self.echo(f"{self.path} was rotated while not watched: finishing {old.name} first")
-            self._handle = open(old, "rb")  # noqa: SIM115
-            return True  # `_step` drains it, then switches to the path
+            handle = open(old, "rb")  # noqa: SIM115
+            if _anchored(state, _read_before(handle, state.offset, state.anchor_len)):
+                self.echo(f"{self.path} was rotated while not watched: finishing {old.name} first")
+                self._handle = handle
+                return True  # `_step` drains it, then switches to the path
+            handle.close()  # another file on the inode the old one had
         self.echo(
             f"warning: {self.path} was replaced while not watched and the file it was is gone: "
             f"lines after byte {state.offset} of it are lost; reading the new file from its start"
         )
-        self._save(replace(state, dev=None, ino=None, offset=0, line=0, pending=None))
+        self._save(self._at_start(state, dev=None, ino=None))
         return True
+
+    def _at_start(self, state: WatchState, **changes: Any) -> WatchState:
+        """`state` at the start of a file (nothing of it read, nothing pending)."""
+        return replace(state, offset=0, line=0, anchor_len=0, anchor=EMPTY_ANCHOR, pending=None, **changes)
+
+    def _rewritten(self, when: str) -> None:
+        """The bytes before the offset are not the ones read there: the file was truncated or written
+        again in place. A copy of it next to the path (copytruncate) is finished from the offset first;
+        then the file is read from its start. Counted in `rewrites`, so its chunks get new batch ids even
+        where the same inode has the same bytes at the same place again."""
+        assert self._handle is not None
+        state = replace(self.state, rewrites=self.state.rewrites + 1, pending=None)
+        try:
+            on_path = _identity(os.stat(self.path)) == (state.dev, state.ino)
+        except OSError:
+            on_path = False
+        if not on_path:  # a rotated-away file being finished was written again: leave it
+            self.echo(f"warning: the rotated file changed after byte {state.offset}: following {self.path}")
+            self._handle.close()
+            self._handle = None
+            self._save(self._at_start(state, dev=None, ino=None))
+            return
+        copy = _find_by_anchor(self.path, state)
+        if copy is not None:
+            self.echo(
+                f"{self.path} was truncated or rewritten{when}: finishing its copy {copy.name} from byte "
+                f"{state.offset}, then reading it again from its start"
+            )
+            self._handle.close()
+            self._handle = open(copy, "rb")  # noqa: SIM115 - closed at the end of run()
+            st = os.fstat(self._handle.fileno())
+            self._save(replace(state, dev=st.st_dev, ino=st.st_ino))
+            return  # `_step` drains it, then switches to the path
+        if state.offset:
+            self.echo(f"{self.path} was truncated or rewritten{when}: reading it again from its start")
+        self._save(self._at_start(state))
 
     def _open_current(self) -> bool:
         """Start on the path once it exists: from its start, or (first watch without --from-start)
@@ -488,7 +683,7 @@ class Watcher:
             raise WatchError(f"{self.path} is a directory, not a log file") from None
         st = os.fstat(handle.fileno())
         self._handle = handle
-        state = replace(self.state, dev=st.st_dev, ino=st.st_ino, offset=0, line=0)
+        state = self._at_start(self.state, dev=st.st_dev, ino=st.st_ino)
         if self._skip_existing_lines:
             self._skip_existing_lines = False
             self.state = state
@@ -501,26 +696,38 @@ class Watcher:
     def _skip_existing(self, state: WatchState) -> WatchState:
         """State after the file's complete lines, as if they had been read (nothing is sent)."""
         assert self._handle is not None
-        offset, line, trl_step = 0, 0, state.trl_step
-        while data := _read_whole_lines(self._handle, offset):
+        offset, line, trl_step, tail = 0, 0, state.trl_step, b""
+        while data := _read_whole_lines(self._handle, offset)[1]:
             lines = chunk_lines(data, line)
             if state.format == TRL_LOG:
                 trl_step = parse_chunk(TRL_LOG, lines, str(self.path), Diagnostics(), trl_step).trl_step
             offset, line = offset + len(data), line + len(lines)
+            tail = (tail + data[-ANCHOR_BYTES:])[-ANCHOR_BYTES:]
         if offset:
             self.echo(f"skipping the {line} lines already in {self.path} (--from-start sends them)")
-        return replace(state, offset=offset, line=line, trl_step=trl_step)
+        anchor_len, anchor = anchor_of(tail)
+        return replace(
+            state, offset=offset, line=line, trl_step=trl_step, anchor_len=anchor_len, anchor=anchor
+        )
 
     def _drain_final(self) -> None:
         """The rest of a file that was rotated away, its last line even without a newline."""
         assert self._handle is not None
-        while data := _read_whole_lines(self._handle, self.state.offset):
-            if not self._begin(data) or self.stop.is_set():
+        while True:
+            before, data = _read_whole_lines(self._handle, self.state.offset, self.state.anchor_len)
+            if not _anchored(self.state, before):
+                self.echo(
+                    f"warning: the rotated file changed after byte {self.state.offset}: not finishing it"
+                )
                 return
-        self._handle.seek(self.state.offset)
+            if not data:
+                break
+            if not self._begin(data, before) or self.stop.is_set():
+                return
+        before = _read_before(self._handle, self.state.offset, self.state.anchor_len)
         tail = self._handle.read()
         if tail and not self.stop.is_set():
-            self._begin(tail, final=True)
+            self._begin(tail, before, final=True)
 
     def _switch(self, st: os.stat_result) -> None:
         if self.stop.is_set() or self.state.pending is not None:
@@ -529,7 +736,7 @@ class Watcher:
         self._handle.close()
         self._handle = None
         self.echo(f"{self.path} was rotated: following the new file")
-        self._save(replace(self.state, dev=None, ino=None, offset=0, line=0))
+        self._save(self._at_start(self.state, dev=None, ino=None))
         self._open_current()
 
     def _detect(self) -> bool:
@@ -553,7 +760,7 @@ class Watcher:
 
     # -- chunks
 
-    def _begin(self, data: bytes, final: bool = False) -> bool:
+    def _begin(self, data: bytes, before: bytes, final: bool = False) -> bool:
         """Write the chunk down as pending, then deliver it."""
         assert self.state.dev is not None and self.state.ino is not None
         end = self.state.offset + len(data)
@@ -565,32 +772,34 @@ class Watcher:
             self.state.line,
             self.state.trl_step,
             final,
+            self.state.rewrites,
         )
         self._save(replace(self.state, pending=pending))
-        return self._deliver(pending, data)
+        return self._deliver(pending, (before, data))
 
-    def _deliver(self, pending: Pending, data: bytes | None = None) -> bool:
-        """Parse and send a pending chunk, then commit the state past it; False if stopped first."""
+    def _deliver(self, pending: Pending, read: tuple[bytes, bytes] | None = None) -> bool:
+        """Parse and send a pending chunk (`read`: the bytes before it and its bytes), then commit the
+        state past it; False if stopped first. Past it means each of its values is stored or was
+        refused on its own (and reported)."""
         assert self.state.format is not None
-        if data is None:
-            data = self._reread(pending)
-            if data is None:
+        if read is None:
+            read = self._reread(pending)
+            if read is None:
                 self.echo(f"warning: the chunk at bytes {pending.start}-{pending.end} is gone; skipping it")
                 self._save(replace(self.state, pending=None))
                 return True
+        before, data = read
         lines = chunk_lines(data, pending.line, final=pending.final)
         diagnostics = Diagnostics()
         parsed = parse_chunk(self.state.format, lines, str(self.path), diagnostics, pending.trl_step)
         for item in diagnostics.items:
             self.echo(f"warning: {item}")
         if parsed.records:
-            body = metrics_body(chunk_batch_id(pending, data), parsed.records)
-            if not self.service.send(body):
+            delivery = self.service.send(metrics_body(chunk_batch_id(pending, data), parsed.records))
+            if delivery is None:
                 return False
-            steps = sorted(parsed.records)
-            self.summary.steps += len(steps)
-            self.summary.batches += 1
-            self.echo(f"steps {steps[0]}-{steps[-1]}: {sum(map(len, parsed.records.values()))} values")
+            self._report(delivery, lines, pending)
+        anchor_len, anchor = anchor_of(before + data[-ANCHOR_BYTES:])
         self._save(
             replace(
                 self.state,
@@ -598,20 +807,41 @@ class Watcher:
                 line=pending.line + len(lines),
                 trl_step=parsed.trl_step,
                 pending=None,
+                anchor_len=anchor_len,
+                anchor=anchor,
             )
         )
         return True
 
-    def _reread(self, pending: Pending) -> bytes | None:
-        """The bytes of a pending chunk after a restart, from whichever file now has its identity."""
+    def _report(self, delivery: Delivery, lines: list[Line], pending: Pending) -> None:
+        """What of a chunk the service has now, and each refused value with the line(s) it came from."""
+        assert self.state.format is not None
+        self.summary.steps += len(delivery.steps)
+        if delivery.steps:
+            self.echo(f"steps {min(delivery.steps)}-{max(delivery.steps)}: {delivery.values} values")
+        if not delivery.refused:
+            return
+        where = step_lines(self.state.format, lines, str(self.path), pending.trl_step)
+        for refusal in delivery.refused:
+            names = ", ".join(n if n.isprintable() else ascii(n) for n in refusal.names)
+            for step in refusal.steps:
+                numbers = where.get(step, [])
+                place = f"{self.path}:{numbers[0]}" if numbers else str(self.path)
+                more = f" (step logged on {len(numbers)} lines)" if len(numbers) > 1 else ""
+                self.echo(f"warning: {place}: step {step}: {names} refused: {refusal.reason}{more}")
+
+    def _reread(self, pending: Pending) -> tuple[bytes, bytes] | None:
+        """The bytes of a pending chunk after a restart (and the anchor's before it), from whichever file
+        now has its identity and still has the bytes read before it."""
         for candidate in (self.path, _find_by_identity(self.path, pending.dev, pending.ino)):
             if candidate is None:
                 continue
             with contextlib.suppress(OSError), open(candidate, "rb") as handle:
                 if _identity(os.fstat(handle.fileno())) == (pending.dev, pending.ino):
-                    data = _read_range(handle, pending.start, pending.end)
-                    if len(data) == pending.end - pending.start:
-                        return data
+                    before = _read_before(handle, pending.start, self.state.anchor_len)
+                    data = handle.read(pending.end - pending.start)
+                    if len(data) == pending.end - pending.start and _anchored(self.state, before):
+                        return before, data
         return None
 
     def _save(self, state: WatchState) -> None:

@@ -1,5 +1,6 @@
-"""`lldmon export --actions`: one row per action record, read in pages of whole steps, NaN/inf kept;
-CSV, Parquet and JSON lines; from the database and over a live server's API, on SQLite and PostgreSQL."""
+"""`lldmon export --actions`: one row per action record, read in pages (a step may span several),
+NaN/inf kept; CSV, Parquet and JSON lines; from the database and over a live server's API, on SQLite
+and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -146,12 +147,25 @@ def lldmon(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-def test_pages_hold_whole_steps_and_cover_every_record_once(exporter: ExportService, served: Served) -> None:
+def keys_of(page: dict[str, Any]) -> list[Key]:
+    return list(
+        zip(
+            page["step"].tolist(),
+            page["source"].tolist(),
+            page["traj_index"].tolist(),
+            page["action_index"].tolist(),
+            strict=True,
+        )
+    )
+
+
+def test_pages_cover_every_record_once_in_key_order(exporter: ExportService, served: Served) -> None:
     want = expected_frame()
     for page_records in (1, 3, 8, 11, 12, 50, 200_000):
         pages = list(exporter.action_pages(OPEN, served.run_id, page_records=page_records))
-        steps = [set(p["step"].tolist()) for p in pages]
-        assert all(not (a & b) for i, a in enumerate(steps) for b in steps[i + 1 :]), page_records
+        assert all(0 < p["step"].size <= page_records for p in pages), page_records
+        keys = [k for p in pages for k in keys_of(p)]
+        assert keys == sorted(set(keys)), page_records  # strictly increasing across page boundaries
         got = pd.DataFrame({n: np.concatenate([p[n] for p in pages]) for n in ACTION_COLUMNS})
         assert_same(got, want)
     window = list(exporter.action_pages(OPEN, served.run_id, 4, 8, "loss", page_records=5))
@@ -160,38 +174,63 @@ def test_pages_hold_whole_steps_and_cover_every_record_once(exporter: ExportServ
     assert list(exporter.action_pages(OPEN, served.run_id, 6, 6)) == []
 
 
-def test_a_step_bigger_than_a_page_is_read_alone_and_one_too_big_is_an_error() -> None:
-    calls: list[tuple[Any, ...]] = []
-    want: dict[str, list[Any]] = {
-        "step": [0] * 6 + [1] * 2,
-        "source": ["loss"] * 4 + ["probe"] * 2 + ["loss"] * 2,
-    }
+STORED: dict[str, list[Any]] = {
+    "step": [0] * 6 + [1] * 2,
+    "source": ["loss"] * 4 + ["probe"] * 2 + ["loss"] * 2,
+    "traj_index": [0, 0, 1, 1, 0, 1, 0, 0],
+    "action_index": [0, 1, 0, 1, 0, 0, 0, 1],
+}
 
-    def read(lo: int | None, hi: int | None, src: str | None, limit: int) -> dict[str, Any]:
-        calls.append((lo, hi, src, limit))
+
+def fake_reader(calls: list[tuple[Any, ...]], *, honours_cursor: bool) -> Any:
+    """GET /actions over STORED; `honours_cursor=False` is a service older than the cursor."""
+
+    def read(lo: int | None, hi: int | None, src: str | None, limit: int, after: Any) -> dict[str, Any]:
+        calls.append((lo, hi, src, limit, after))
+        rows = list(zip(*(STORED[c] for c in ("step", "source", "traj_index", "action_index")), strict=True))
         keep = [
             i
-            for i, (s, so) in enumerate(zip(want["step"], want["source"], strict=True))
-            if (lo is None or s >= lo) and (hi is None or s <= hi) and src in (None, so)
+            for i, key in enumerate(rows)
+            if (lo is None or key[0] >= lo)
+            and (hi is None or key[0] <= hi)
+            and src in (None, key[1])
+            and (not honours_cursor or after is None or key > tuple(after))
         ][:limit]
-        n = len(keep)
-        cols = {"step": [want["step"][i] for i in keep], "source": [want["source"][i] for i in keep]}
-        return cols | {c: [0] * n for c in ACTION_COLUMNS if c not in cols}
+        cols = {c: [STORED[c][i] for i in keep] for c in STORED}
+        return cols | {c: [0] * len(keep) for c in ACTION_COLUMNS if c not in cols}
 
-    pages = list(action_pages(read, None, None, None, page_records=3))
-    assert [p["step"].tolist() for p in pages] == [[0] * 6, [1, 1]]
-    assert pages[0]["source"].tolist() == ["loss"] * 4 + ["probe"] * 2
-    assert calls == [
-        (None, None, None, 3),
-        (0, 0, "loss", 200_000),
-        (0, 0, "probe", 200_000),
-        (1, None, None, 3),
+    return read
+
+
+def test_a_step_larger_than_a_page_is_read_in_parts() -> None:
+    """Each read goes on after the last record's key, inside a step too: no per-step read limit."""
+    calls: list[tuple[Any, ...]] = []
+    pages = list(action_pages(fake_reader(calls, honours_cursor=True), None, None, None, page_records=3))
+    assert [keys_of(p) for p in pages] == [
+        [(0, "loss", 0, 0), (0, "loss", 0, 1), (0, "loss", 1, 0)],
+        [(0, "loss", 1, 1), (0, "probe", 0, 0), (0, "probe", 1, 0)],
+        [(1, "loss", 0, 0), (1, "loss", 0, 1)],
     ]
-    want = {"step": [0] * 200_000, "source": ["loss"] * 200_000}
-    with pytest.raises(InvalidInput, match="step 0 has more than 200000 loss action records"):
-        list(action_pages(read, None, None, "loss", page_records=10))
+    assert [(c[0], tuple(c[4]) if c[4] else None) for c in calls] == [
+        (None, None),
+        (0, (0, "loss", 1, 0)),
+        (0, (0, "probe", 1, 0)),
+    ]
     with pytest.raises(InvalidInput, match="page_records"):
-        list(action_pages(read, None, None, None, page_records=0))
+        list(action_pages(fake_reader([], honours_cursor=True), None, None, None, page_records=0))
+
+
+def test_a_service_that_ignores_the_cursor_is_read_while_its_steps_are_smaller_than_a_page() -> None:
+    """A service older than the cursor answers from the start of the cursor's step: the records up to
+    the cursor are dropped, so nothing is read twice; a step larger than a page is then an error, not
+    a loop."""
+    old = fake_reader([], honours_cursor=False)
+    pages = list(action_pages(old, None, None, None, page_records=7))
+    assert [k for p in pages for k in keys_of(p)] == list(
+        zip(*(STORED[c] for c in ("step", "source", "traj_index", "action_index")), strict=True)
+    )
+    with pytest.raises(InvalidInput, match="cannot read a step in parts"):
+        list(action_pages(old, None, None, None, page_records=3))
 
 
 def read_jsonl(text: str) -> pd.DataFrame:

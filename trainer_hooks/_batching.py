@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from contracts.metrics import MAX_METRIC_NAME_LENGTH
+from contracts.metrics import metric_name_problem
 from contracts.wire import ACTION_COLUMNS, ACTION_SOURCES, encode_float, encode_json
 
 _orjson_dumps: Callable[[Any], bytes] | None
@@ -79,21 +79,6 @@ def dumps(obj: Any) -> bytes:
         return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
     except ValueError:  # a non-finite float
         return json.dumps(encode_json(obj), separators=(",", ":"), allow_nan=False).encode()
-
-
-def metric_name_problem(name: object) -> str | None:
-    """Why the service would refuse `name` as a metric name, or None if it is fine."""
-    if not isinstance(name, str):
-        return f"metric names must be strings, got {type(name).__name__}"
-    if not name or len(name) > MAX_METRIC_NAME_LENGTH:
-        return f"metric names must have 1 to {MAX_METRIC_NAME_LENGTH} characters"
-    if "\x00" in name:
-        return "metric names must not contain NUL characters"
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return "metric names must be valid unicode (no lone surrogates)"
-    return None
 
 
 def _wire_float(value: Any) -> float | str | None:

@@ -89,7 +89,9 @@ def parse_retry_after(value: str | None) -> float | None:
 
 
 def _body_limit(value: str | None) -> int | None:
-    return int(value) if value is not None and value.isdigit() and int(value) > 0 else None
+    if value is None or not (value.isascii() and value.isdigit()):  # '²'.isdigit(), but not for int()
+        return None
+    return int(value) or None
 
 
 def _error_text(response: httpx.Response, data: Any) -> str:

@@ -19,7 +19,8 @@ keeps the two apart). Long histories are read in pages of consecutive step windo
 cover the whole step range, so nothing is read twice or skipped.
 
 `fetch_actions` returns one row per action record (the columns of `lldmon export --actions`), read
-in pages of whole steps of about `page_records` records; `fetch_action_summaries` the per-step delta
+in pages of at most `page_records` records, each going on after the last record read (a step larger
+than a page is read in parts); `fetch_action_summaries` the per-step delta
 quantiles the service stores with each step's records (kept when retention prunes the records).
 """
 
@@ -32,7 +33,13 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from contracts.action_pages import DEFAULT_PAGE_RECORDS, MAX_ACTION_READ, StepTooLarge, action_pages
+from contracts.action_pages import (
+    DEFAULT_PAGE_RECORDS,
+    MAX_ACTION_READ,
+    ActionCursor,
+    PagingUnsupported,
+    action_pages,
+)
 from contracts.wire import API_PREFIX, decode_float
 
 if TYPE_CHECKING:
@@ -155,8 +162,8 @@ def fetch_actions(
     keeps one source (default: both). Steps whose raw records retention pruned have no rows (their
     quantiles: `fetch_action_summaries`). Raises RunNotFound, AccessDenied or HistoryError.
 
-    Read in pages of whole steps (`contracts.action_pages`, the pager `lldmon export --actions` uses):
-    no record is skipped or kept twice; a step with more records than a page is read alone.
+    Read in pages (`contracts.action_pages`, the pager `lldmon export --actions` uses), each after the
+    last record read: no record is skipped or kept twice, and a step of any size is read in parts.
     """
     pd = _pandas()
     if not 1 <= page_records <= MAX_ACTION_READ:
@@ -167,16 +174,20 @@ def fetch_actions(
     with _session(base_url, token, timeout, transport) as http:
         run_id = _resolve(http, run, project)
 
-        def read(lo: int | None, hi: int | None, src: str | None, limit: int) -> dict[str, Any]:
-            params = {"step_min": lo, "step_max": hi, "source": src, "limit": limit}
+        def read(
+            lo: int | None, hi: int | None, src: str | None, limit: int, after: ActionCursor | None
+        ) -> dict[str, Any]:
+            params: dict[str, Any] = {"step_min": lo, "step_max": hi, "source": src, "limit": limit}
+            if after is not None:
+                params |= {f"after_{name}": value for name, value in after._asdict().items()}
             reply = _get(
                 http, f"/runs/{run_id}/actions", params={k: v for k, v in params.items() if v is not None}
             )
             return _action_arrays(reply)
 
         try:
-            pages = list(action_pages(read, _join_actions, step_min, step_max, source, page_records))
-        except StepTooLarge as exc:
+            pages = list(action_pages(read, step_min, step_max, source, page_records))
+        except PagingUnsupported as exc:
             raise HistoryError(str(exc)) from None
     columns = _join_actions(pages) if pages else {n: np.empty(0, dtype=d) for n, d in ACTION_DTYPES.items()}
     frame = pd.DataFrame(columns).astype(ACTION_DTYPES)

@@ -1,9 +1,18 @@
 """Where notifications go: the log, a generic JSON webhook, a Slack-compatible webhook.
 
-Sinks raise on failure. The `Dispatcher` gives every sink its own bounded queue and worker thread, so a
-slow or dead webhook never blocks ingest and never delays another sink; each sink has a minimum
-severity, and every attempt's outcome is handed to a `DeliveryRecorder` (the service stores it per alert
-and sink: pending, retrying, delivered, failed).
+Sinks raise on failure. Every HTTP attempt has one total deadline (connect, send and the answer's status
+line and headers together, `DeliveryTimeout` past it): a per-read timeout alone lets a receiver that
+trickles its answer hold a delivery, and every later one to that sink, for ever.
+
+Run and project names, messages and metric names come from token holders, so each output escapes them
+at its boundary, in one place: `slack_text` (Slack mrkdwn: `<!channel>`, `<url|text>`, broadcast
+mentions) and `log_line` (control characters: a newline in a name must not forge a log line). The
+webhook's JSON needs nothing more: `json.dumps` escapes control characters.
+
+The `Dispatcher` gives every sink its own bounded queue and worker thread, so a slow or dead webhook
+never blocks ingest and never delays another sink; each sink has a minimum severity, and every
+attempt's outcome is handed to a `DeliveryRecorder` (the service stores it per alert and sink: pending,
+retrying, delivered, failed).
 
 Webhook signature: with a secret, each POST carries `X-LLDMon-Signature: sha256=<hex>`, the
 HMAC-SHA256 of the raw request body keyed with the secret (verify it over the bytes received, before
@@ -12,6 +21,7 @@ parsing the JSON).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import hmac
@@ -19,6 +29,7 @@ import json
 import logging
 import queue
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -42,6 +53,7 @@ from contracts.alerts import (
 from monitor.detector.explain import alert_steps, explain_finding, reopened_text
 from monitor.domain import DeliveryUpdate
 from monitor.telemetry import ServiceMetrics
+from monitor.text import printable
 
 if TYPE_CHECKING:
     from monitor.config import Settings
@@ -115,19 +127,43 @@ class Notification:
         )
         return f"step {self.step} (held at {held})"
 
-    def text(self) -> str:
-        """The summary, one line per thing the detector saw, the time and the dashboard link."""
+    def lines(self) -> list[str]:
+        """The summary, one line per thing the detector saw, the time and the dashboard link (raw:
+        an output escapes each line for its medium)."""
         lines = [self.summary(), *(f"• {line}" for line in self.explanation)]
         lines.append(self.timestamp.isoformat(timespec="seconds"))
         if self.dashboard_url:
             lines.append(self.dashboard_url)
-        return "\n".join(lines)
+        return lines
 
     def payload(self) -> dict[str, Any]:
         """The webhook body: every field, the timestamp as ISO 8601 UTC."""
         body = asdict(self)
         body["timestamp"] = self.timestamp.isoformat()
         return body
+
+
+_BROADCAST = re.compile(r"@(channel|here|everyone|all)\b", re.IGNORECASE)
+
+
+def slack_escape(text: str) -> str:
+    """Slack's escaping for text in messages (`&` `<` `>` as entities), so `<!channel>`, `<@U1>` and
+    `<url|label>` are shown, never acted on; plain `@channel`, `@here`, `@everyone` and `@all` get a
+    zero-width space after the `@`: Mattermost and Discord, which take this format too, notify on them."""
+    escaped = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _BROADCAST.sub("@\u200b\\1", escaped)
+
+
+def slack_text(notification: Notification) -> str:
+    """The Slack message text: every line of the notification `printable` (a newline in a name cannot
+    start a line of its own) and `slack_escape`d; only the line breaks between them are ours."""
+    return "\n".join(slack_escape(printable(line)) for line in notification.lines())
+
+
+def log_line(notification: Notification) -> str:
+    """The log sink's one line: the summary and the explanation, `printable`."""
+    evidence = " | ".join(notification.explanation)
+    return printable(notification.summary() + (f" | {evidence}" if evidence else ""))
 
 
 class Sink(Protocol):
@@ -153,8 +189,45 @@ class LogSink:
 
     def send(self, notification: Notification) -> None:
         level = logging.INFO if notification.event == RESOLVED else logging.WARNING
-        evidence = " | ".join(notification.explanation)
-        log.log(level, notification.summary() + (f" | {evidence}" if evidence else ""))
+        log.log(level, "%s", log_line(notification))
+
+
+class DeliveryTimeout(Exception):
+    """An attempt passed its total deadline: counted and retried like any other failed attempt."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"no complete answer within {seconds:g} s")
+
+
+def post_within(
+    url: str,
+    seconds: float,
+    *,
+    content: bytes,
+    headers: dict[str, str],
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> None:
+    """POST `content` and wait for the answer's status, all within `seconds` (`DeliveryTimeout` past
+    it, `httpx.HTTPStatusError` for a status >= 400).
+
+    httpx's timeouts bound each read, not the request, so the deadline is asyncio's `wait_for` around
+    an async request on a loop of its own: cancelling it closes the connection at once, whatever phase
+    it is in. Each attempt opens its own client and connection (alerts are rare, and a connection an
+    attempt was cancelled on is never reused). The answer's body is not read: its status says
+    whether the receiver took the notification. `transport` replaces the network (tests; it must outlive
+    one client, as `httpx.MockTransport` does)."""
+
+    async def attempt() -> None:
+        async with (
+            httpx.AsyncClient(timeout=None, transport=transport) as client,
+            client.stream("POST", url, content=content, headers=headers) as response,
+        ):
+            response.raise_for_status()
+
+    try:
+        asyncio.run(asyncio.wait_for(attempt(), seconds))
+    except asyncio.TimeoutError:
+        raise DeliveryTimeout(seconds) from None
 
 
 class WebhookSink:
@@ -163,12 +236,20 @@ class WebhookSink:
     tracked = True
 
     def __init__(
-        self, url: str, client: httpx.Client, *, min_severity: str = "info", secret: str | None = None
+        self,
+        url: str,
+        *,
+        timeout: float = 10.0,
+        min_severity: str = "info",
+        secret: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.url = url
-        self.client = client
+        self.timeout = timeout
+        """Total seconds per attempt."""
         self.min_severity = min_severity
         self.secret = secret
+        self.transport = transport
         self.name = sink_name("webhook", url)
 
     def send(self, notification: Notification) -> None:
@@ -178,7 +259,7 @@ class WebhookSink:
         if self.secret:
             digest = hmac.new(self.secret.encode(), body, hashlib.sha256).hexdigest()
             headers[SIGNATURE_HEADER] = f"sha256={digest}"
-        self.client.post(self.url, content=body, headers=headers).raise_for_status()
+        post_within(self.url, self.timeout, content=body, headers=headers, transport=self.transport)
 
 
 class SlackSink:
@@ -186,14 +267,25 @@ class SlackSink:
 
     tracked = True
 
-    def __init__(self, url: str, client: httpx.Client, *, min_severity: str = "info") -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = 10.0,
+        min_severity: str = "info",
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self.url = url
-        self.client = client
+        self.timeout = timeout
+        """Total seconds per attempt."""
         self.min_severity = min_severity
+        self.transport = transport
         self.name = sink_name("slack", url)
 
     def send(self, notification: Notification) -> None:
-        self.client.post(self.url, json={"text": notification.text()}).raise_for_status()
+        body = json.dumps({"text": slack_text(notification)}).encode()
+        headers = {"Content-Type": "application/json"}
+        post_within(self.url, self.timeout, content=body, headers=headers, transport=self.transport)
 
 
 DeliveryRecorder = Callable[[Sequence[DeliveryUpdate]], None]
@@ -348,28 +440,32 @@ class Dispatcher:
 
 
 def _describe(exc: BaseException) -> str:
-    """A short, secret-free reason: the HTTP status, or the transport error's type."""
+    """A short, secret-free reason: the HTTP status, the deadline, or the transport error's type."""
+    if isinstance(exc, DeliveryTimeout):
+        return str(exc)
     if isinstance(exc, httpx.HTTPStatusError):
         return f"HTTP {exc.response.status_code}"
     return type(exc).__name__
 
 
-def build_sinks(settings: Settings, client: httpx.Client | None = None) -> list[Sink]:
-    """The sinks `settings` configure, each webhook with its own HTTP client
-    (own connection pool: a blackholed host cannot use up another sink's connections) unless `client`
-    is given (tests)."""
-
-    def http() -> httpx.Client:
-        return client or httpx.Client(timeout=settings.sink_timeout_seconds)
-
+def build_sinks(settings: Settings, transport: httpx.AsyncBaseTransport | None = None) -> list[Sink]:
+    """The sinks `settings` configure, each attempt bounded by `sink_timeout_seconds` in all;
+    `transport` replaces the network (tests)."""
+    timeout = settings.sink_timeout_seconds
     secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else None
     sinks: list[Sink] = [LogSink()]
     sinks += [
-        WebhookSink(url, http(), min_severity=settings.webhook_min_severity, secret=secret)
+        WebhookSink(
+            url,
+            timeout=timeout,
+            min_severity=settings.webhook_min_severity,
+            secret=secret,
+            transport=transport,
+        )
         for url in settings.webhook_urls
     ]
     sinks += [
-        SlackSink(url, http(), min_severity=settings.slack_min_severity)
+        SlackSink(url, timeout=timeout, min_severity=settings.slack_min_severity, transport=transport)
         for url in settings.slack_webhook_urls
     ]
     return sinks

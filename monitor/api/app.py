@@ -45,9 +45,12 @@ ROUTERS = (
 
 
 def create_app(
-    settings: Settings, *, registry: CollectorRegistry | None = None, http_client: httpx.Client | None = None
+    settings: Settings,
+    *,
+    registry: CollectorRegistry | None = None,
+    sink_transport: httpx.AsyncBaseTransport | None = None,
 ) -> FastAPI:
-    state = build_services(settings, registry, http_client)
+    state = build_services(settings, registry, sink_transport)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

@@ -10,7 +10,20 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contracts.wire import MAX_BODY_HEADER
 from monitor.api.errors import ErrorResponse
-from monitor.errors import InvalidInput, PayloadTooLarge
+from monitor.errors import BadRequest, InvalidInput, LLDMonError, PayloadTooLarge
+
+
+def declared_length(value: bytes | str | None) -> int | None:
+    """The body length a request's Content-Length declares (None: no header), or BadRequest when it is
+    not HTTP's 1*DIGIT: only ASCII digits count, as str.isdigit() is also true for '²', which int()
+    refuses. Servers that parse the header themselves refuse such a request before it gets here; this
+    keeps any other server, and in-process clients, from turning it into a 500."""
+    if value is None:
+        return None
+    text = (value.decode("latin-1") if isinstance(value, bytes) else value).strip()
+    if not (text.isascii() and text.isdigit()):
+        raise BadRequest(f"Content-Length {text[:40]!r} is not a number of bytes", field="body")
+    return int(text)
 
 
 class BodyLimitMiddleware:
@@ -27,10 +40,14 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         send = self._announcing(send)
-        declared = dict(scope["headers"]).get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > self.limit:
-            message = f"body of {int(declared)} bytes exceeds the limit of {self.limit} bytes"
-            await self._reject(scope, receive, send, message)
+        try:
+            declared = declared_length(dict(scope["headers"]).get(b"content-length"))
+        except BadRequest as exc:
+            await self._reject(scope, receive, send, exc)
+            return
+        if declared is not None and declared > self.limit:
+            message = f"body of {declared} bytes exceeds the limit of {self.limit} bytes"
+            await self._reject(scope, receive, send, PayloadTooLarge(message, field="body"))
             return
         received = 0
         started = rejected = False
@@ -45,7 +62,7 @@ class BodyLimitMiddleware:
                     if not started and not rejected:
                         # Answer here: routes turn any error while parsing a JSON body into a 400.
                         rejected = True
-                        await self._reject(scope, receive, send, text)
+                        await self._reject(scope, receive, send, PayloadTooLarge(text, field="body"))
                     raise PayloadTooLarge(text, field="body")  # stops the route reading on
             return message
 
@@ -74,10 +91,10 @@ class BodyLimitMiddleware:
         return announce
 
     @staticmethod
-    async def _reject(scope: Scope, receive: Receive, send: Send, message: str) -> None:
+    async def _reject(scope: Scope, receive: Receive, send: Send, error: LLDMonError) -> None:
         response = ErrorResponse(
-            status_code=PayloadTooLarge.status_code,
-            content={"error": {"code": PayloadTooLarge.code, "message": message, "field": "body"}},
+            status_code=error.status_code,
+            content={"error": {"code": error.code, "message": error.message, "field": error.field}},
             headers={"Connection": "close"},  # the rest of the body is never read
         )
         await response(scope, receive, send)
@@ -85,8 +102,8 @@ class BodyLimitMiddleware:
 
 async def read_limited_body(request: Request, limit: int) -> bytes:
     """The (decompressed) body, or PayloadTooLarge as soon as it is known to exceed `limit` bytes."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    declared = declared_length(request.headers.get("content-length"))
+    if declared is not None and declared > limit:
         raise PayloadTooLarge(f"body of {declared} bytes exceeds the limit of {limit} bytes", field="body")
     chunks: list[bytes] = []
     size = 0

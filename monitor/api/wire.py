@@ -13,9 +13,9 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from contracts.metrics import MAX_METRIC_NAME_LENGTH
+from contracts.metrics import metric_name_problem
 from contracts.wire import BATCH_ID_MAX_LENGTH, NONFINITE_STRINGS
-from monitor.api.unicode import is_valid_text, printable
+from monitor.api.unicode import printable
 from monitor.domain import ActionColumns, MetricsColumns
 from monitor.errors import InvalidInput
 
@@ -63,16 +63,9 @@ def decode_metrics(body: bytes) -> tuple[str, MetricsColumns]:
     values: list[float | None] = []
     for name, column in wire.metrics.items():
         field = f"metrics.{name}"
-        if not name or len(name) > MAX_METRIC_NAME_LENGTH:
-            raise InvalidInput(
-                f"metric names must have 1 to {MAX_METRIC_NAME_LENGTH} characters", field=field
-            )
-        if "\x00" in name:
-            raise InvalidInput("metric names must not contain NUL characters", field=field)
-        if not is_valid_text(name):
-            raise InvalidInput(
-                "metric names must be valid Unicode (no lone surrogate escapes)", field=printable(field)
-            )
+        problem = metric_name_problem(name)
+        if problem is not None:
+            raise InvalidInput(problem, field=printable(field))
         if len(column) != n:
             raise InvalidInput(f"has {len(column)} values but steps has {n}", field=field)
         for step, raw in zip(wire.steps, column, strict=True):

@@ -10,8 +10,26 @@ from typing import Annotated, Any, Literal
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+
+from monitor.text import printable
 
 console = Console()
+
+
+def shown(text: object) -> str:
+    """`printable(text)` (`monitor.text`) with rich markup escaped too: how user-supplied text goes into a
+    `console.print` markup string or a table cell (rich reads both as markup, so `[link=...]` in a name
+    would be a link)."""
+    return escape(printable(str(text)))
+
+
+def quoted(text: object) -> str:
+    """`text` as a quoted literal, `printable` inside, rich markup escaped (an error that names a run or
+    project the user typed)."""
+    return escape(f"'{printable(str(text))}'")
+
+
 # Enumerated options are Literal choices: a typo is a one-line usage error (exit 2), never a traceback or
 # an empty answer. The same values as contracts.wire's RUN_STATUSES and DIRECTIVE_POLICIES (a test checks).
 RunStatus = Literal["running", "finished", "failed", "crashed", "stalled"]
@@ -91,14 +109,12 @@ def closing(state: Any, exit_code: int | None = None) -> Iterator[None]:
     """Close the database (or the HTTP client) when the command is done; a domain error (unknown run or
     alert, a value out of bounds; over HTTP the API's error, mapped back) becomes one line: exit 2 for bad
     input, 1 otherwise (or always `exit_code`)."""
-    from rich.markup import escape
-
     from monitor.errors import InvalidInput, LLDMonError
 
     try:
         yield
     except LLDMonError as exc:
-        console.print(f"[red]error:[/red] {escape(exc.message)}")
+        console.print(f"[red]error:[/red] {shown(exc.message)}")
         code = exit_code if exit_code is not None else 2 if isinstance(exc, InvalidInput) else 1
         raise typer.Exit(code) from None
     finally:
@@ -107,22 +123,20 @@ def closing(state: Any, exit_code: int | None = None) -> Iterator[None]:
 
 def run_id_of(state: Any, ref: str, project: str | None = None) -> int:
     """A run given by id, or by name (unique across projects, or within `project`)."""
-    from rich.markup import escape
-
     from monitor.domain import Principal, RunFilter
 
-    if ref.isdigit():
+    if ref.isascii() and ref.isdigit():  # str.isdigit() is true for '²', which int() refuses
         return int(ref)
     matches = state.runs.list(Principal(), RunFilter(name=ref, project=project, limit=1000))
-    where = f" in project {project!r}" if project is not None else ""
+    where = f" in project {quoted(project)}" if project is not None else ""
     if not matches:
-        console.print(f"[red]error:[/red] no run is named {escape(repr(ref))}{escape(where)}")
+        console.print(f"[red]error:[/red] no run is named {quoted(ref)}{where}")
         raise typer.Exit(1)
     if len(matches) > 1:
         projects = ", ".join(sorted(r.project for r in matches))
         console.print(
-            f"[red]error:[/red] {len(matches)} runs are named {escape(repr(ref))} (projects: "
-            f"{escape(projects)}); pass --project or use the run id"
+            f"[red]error:[/red] {len(matches)} runs are named {quoted(ref)} (projects: "
+            f"{shown(projects)}); pass --project or use the run id"
         )
         raise typer.Exit(1)
     return int(matches[0].id)

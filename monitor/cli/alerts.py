@@ -18,6 +18,7 @@ from monitor.cli._common import (
     open_state,
     print_json,
     run_id_of,
+    shown,
 )
 
 alerts_app = typer.Typer(
@@ -39,8 +40,6 @@ def alerts_list(
 ) -> None:
     """The run's alerts. `steps`: from the step its condition started at to the last step it held (still
     moving while open); `delivery`: where each one's latest notification stands per sink."""
-    from rich.markup import escape
-
     from monitor.detector.explain import reopened_text
     from monitor.domain import Principal
 
@@ -60,7 +59,7 @@ def alerts_list(
 
     table = Table("id", "severity", "kind", "status", "steps", "message", "delivery")
     for a in alerts:
-        delivery = "\n".join(describe(d) for d in a.deliveries)
+        delivery = "\n".join(shown(describe(d)) for d in a.deliveries)  # one line per sink
         reopened = reopened_text(a.reopen_count)
         table.add_row(
             str(a.id),
@@ -68,8 +67,8 @@ def alerts_list(
             a.kind,
             a.status + (f", {reopened}" if reopened else ""),
             f"{a.first_step}-{a.last_step}",
-            escape(a.message),
-            escape(delivery or "-"),
+            shown(a.message),
+            delivery or "-",
         )
     console.print(table)
 
@@ -89,4 +88,4 @@ def alerts_ack(
     state = open_state(url, token, database_url, data_dir)
     with closing(state):
         alert = state.alerts.acknowledge(Principal(), run_id_of(state, run), alert_id)
-    console.print(f"alert {alert.id} ({alert.kind}) {alert.status}")
+    console.print(f"alert {alert.id} ({shown(alert.kind)}) {alert.status}")

@@ -20,6 +20,7 @@ from monitor.cli._common import (
     print_json,
     run_id_of,
 )
+from monitor.text import printable
 
 
 def directive(
@@ -81,14 +82,14 @@ def directive(
         return
     levers = [
         f"checkpoint request #{current.checkpoint}" if current.checkpoint else "",
-        f"stop requested (#{current.stop}: {current.stop_reason})" if current.stop else "",
+        f"stop requested (#{current.stop}: {printable(current.stop_reason)})" if current.stop else "",
         "stop on collapse" if current.stop_on_collapse else "",
         f"acknowledged v{current.applied_version}" if current.applied_version else "not acknowledged yet",
     ]
     console.print(
         f"run {run_id}: policy {run_info.directive_policy}; directive v{current.version}: "
         f"LLDS {'on' if current.llds_enabled else 'off'}, lambda {current.llds_lambda} "
-        f"({current.source}: {current.reason}); {'; '.join(x for x in levers if x)}",
+        f"({printable(current.source)}: {printable(current.reason)}); {'; '.join(x for x in levers if x)}",
         markup=False,
         soft_wrap=True,
     )

@@ -20,6 +20,7 @@ from monitor.cli._common import (
     console,
     open_state,
     run_id_of,
+    shown,
 )
 
 
@@ -72,8 +73,9 @@ def export_run(
     --url the metrics come from a remote service's API; the file is the same.
 
     With --actions: one row per action record (step, source, traj_index, action_index, n_tokens,
-    delta, old_logp_mean, advantage, reward, is_answer), read in pages of steps; NaN and +-inf kept
-    (Parquet: floats; CSV: nan, inf, -inf; JSON lines: "NaN", "Infinity", "-Infinity").
+    delta, old_logp_mean, advantage, reward, is_answer), read in pages (a step may span several);
+    NaN and +-inf kept (Parquet: floats; CSV: nan, inf, -inf; JSON lines: "NaN", "Infinity",
+    "-Infinity").
     """
     from rich.markup import escape
 
@@ -174,7 +176,7 @@ def _reported(path: Path) -> Iterator[None]:
     try:
         yield
     except LLDMonError as exc:
-        console.print(f"[red]error:[/red] {escape(exc.message)}")
+        console.print(f"[red]error:[/red] {shown(exc.message)}")
         raise typer.Exit(1) from None
     except OSError as exc:
         console.print(
@@ -186,8 +188,10 @@ def _reported(path: Path) -> Iterator[None]:
 def _remote_actions(state: Any, run_id: int) -> Any:
     """`GET /runs/{id}/actions` as an `ActionReader` (the API's columns; floats decoded later)."""
 
-    def read(step_min: int | None, step_max: int | None, source: str | None, limit: int) -> Any:
+    def read(step_min: int | None, step_max: int | None, source: str | None, limit: int, after: Any) -> Any:
         params = {"step_min": step_min, "step_max": step_max, "source": source, "limit": limit}
+        if after is not None:  # a contracts.action_pages.ActionCursor: read on after that record
+            params |= {f"after_{name}": value for name, value in after._asdict().items()}
         query = {k: v for k, v in params.items() if v is not None}
         return state.api.json("GET", f"/runs/{run_id}/actions", params=query)
 

@@ -5,11 +5,15 @@ The batches are what a trainer sends (columnar metrics, gzip, split to the body 
 options) and the step range, so importing the same files again is a no-op: every batch is a duplicate on
 the service's ledger. The service's detector judges the steps and raises alerts; its own sinks deliver
 them. The summary (phases, alerts) is read back from the API.
+
+If sending stops part way (Ctrl-C, at the next batch boundary as locally; the service unreachable), a run
+the import created is marked `failed`; a run that existed keeps its status (a live trainer's run stays
+`running`; one that had ended is finished again with the status it had): an import does not end a run it
+did not start.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import hashlib
 import uuid
@@ -21,10 +25,9 @@ from typing import Any, Final
 import httpx
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from contracts import split
-from contracts.wire import DEFAULT_PROJECT, encode_float
+from contracts.wire import DEFAULT_PROJECT, IMPORT_BATCH_PREFIX, encode_float
 from monitor.cli.remote import RemoteState, run_of
 from monitor.domain import AlertInfo, PhaseEventInfo, Principal, RunFilter, RunInfo
 from monitor.errors import Conflict, LLDMonError, ServiceUnavailable
@@ -32,8 +35,10 @@ from monitor.import_command import (
     EXIT_INTERRUPTED,
     EXIT_REFUSED,
     EXIT_USAGE,
+    DeferredInterrupt,
     ImportOptions,
     read_input,
+    steps_progress,
     summary,
 )
 
@@ -70,7 +75,9 @@ def input_digest(files: Sequence[Path], options: ImportOptions, fmt: str) -> str
 
 def batch_id(run_id: int, digest: str, first_step: int, last_step: int) -> str:
     """Stable for the same run, input and step range: a re-sent batch is a duplicate."""
-    return "import-" + uuid.uuid5(_BATCH_NAMESPACE, f"{run_id}:{digest}:{first_step}-{last_step}").hex
+    return (
+        IMPORT_BATCH_PREFIX + uuid.uuid5(_BATCH_NAMESPACE, f"{run_id}:{digest}:{first_step}-{last_step}").hex
+    )
 
 
 def metrics_body(log: Any, lo: int, hi: int, batch: str) -> dict[str, Any]:
@@ -110,12 +117,21 @@ def import_over_http(options: ImportOptions, console: Console, url: str, token: 
     try:
         result = _send(state, sender, options, log, digest, console)
     except LLDMonError as exc:
-        return _fail(console, exc.message, EXIT_REFUSED)
+        code = _fail(console, exc.message, EXIT_REFUSED)
+        if sender.fate is not None:
+            console.print(
+                f"stopped after {sender.sent + sender.duplicates} batches: run {escape(options.run)!r} "
+                f"{sender.fate}; run the same command with --append to send the rest (the batches already "
+                "sent are duplicates)",
+                highlight=False,
+                soft_wrap=True,
+            )
+        return code
     except KeyboardInterrupt:
         console.print(
-            f"interrupted after {sender.sent + sender.duplicates} batches: run {escape(options.run)!r} is "
-            "marked failed; run the same command with --append to send the rest (the batches already sent "
-            "are duplicates)",
+            f"interrupted after {sender.sent + sender.duplicates} batches: run {escape(options.run)!r} "
+            f"{sender.fate or 'may be left running'}; run the same command with --append to send the rest "
+            "(the batches already sent are duplicates)",
             highlight=False,
             soft_wrap=True,
         )
@@ -161,9 +177,8 @@ def _send(
     phases_before = {e.id for e in state.query.phase_events(principal, run.id)}
     alerts_before = {(a.id, a.status, a.last_step) for a in state.alerts.list(principal, run.id)}
     chunk = options.chunk_steps or DEFAULT_CHUNK_STEPS
-    with Progress(
-        TextColumn("writing steps"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console
-    ) as progress:
+    previous = existing.status if existing is not None else None
+    with steps_progress(console) as progress, DeferredInterrupt() as interrupt:
         task = progress.add_task("write", total=len(log))
         try:
             for lo in range(0, len(log), chunk):
@@ -171,13 +186,12 @@ def _send(
                 first, last = int(log.steps[lo]), int(log.steps[hi - 1])
                 sender.send(run.id, metrics_body(log, lo, hi, batch_id(run.id, digest, first, last)))
                 progress.advance(task, hi - lo)
-        except BaseException:  # as the local import: a half-imported run is marked failed, not left alive
-            with contextlib.suppress(Exception):
-                state.api.json("POST", f"/runs/{run.id}/finish", json={"status": "failed"})
+                interrupt.check()
+        except BaseException:
+            sender.fate = _after_stop(state, run.id, previous)
             raise
-    previous = existing.status if existing is not None else None
-    if previous != "running":
-        final = previous if previous in _FINAL_STATUSES and previous != "failed" else "finished"
+    if previous is None or previous in _FINAL_STATUSES:  # a live run (running, stalled) stays live
+        final = "finished" if previous in (None, "failed") else previous
         state.api.json("POST", f"/runs/{run.id}/finish", json={"status": final})
     return RemoteImportResult(
         run=state.runs.get(principal, run.id),
@@ -196,6 +210,23 @@ def _send(
     )
 
 
+def _after_stop(state: RemoteState, run_id: int, previous: str | None) -> str:
+    """After sending stopped part way, as the local import: a run the import created is marked failed
+    (not left looking alive); a run that existed is not ended by it: a live one (running, stalled) is
+    left running, an ended one gets back the status it had. Best effort (the service may be what
+    failed); returns what became of the run, for the message."""
+    status = "failed" if previous is None else previous if previous in _FINAL_STATUSES else None
+    if status is None:
+        return f"left running (it was {previous}; this import did not start it, so it does not end it)"
+    try:
+        state.api.json("POST", f"/runs/{run_id}/finish", json={"status": status})
+    except Exception:
+        return f"could not be marked {status} (check it with `lldmon runs show`)"
+    if previous is None:
+        return "marked failed"
+    return f"left {status} (this import did not start it, so it does not end it)"
+
+
 class _Sender:
     """Metrics bodies to the ingest API, gzip, split to the body limit (the one a 413 names)."""
 
@@ -203,6 +234,8 @@ class _Sender:
         self.api = state.api
         self.max_bytes = split.DEFAULT_MAX_BODY_BYTES
         self.sent = self.duplicates = 0
+        self.fate: str | None = None
+        """What became of the run after sending stopped part way (None: it did not stop)."""
 
     def send(self, run_id: int, body: dict[str, Any]) -> None:
         pending = split.split_body("metrics", body, self.max_bytes)

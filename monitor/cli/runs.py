@@ -21,6 +21,7 @@ from monitor.cli._common import (
     open_state,
     print_json,
     run_id_of,
+    shown,
 )
 
 runs_app = typer.Typer(help="Inspect runs (--url: of a remote service).", no_args_is_help=True)
@@ -51,13 +52,13 @@ def runs_list(
     for r in runs:
         table.add_row(
             str(r.id),
-            r.project,
-            r.name,
+            shown(r.project),
+            shown(r.name),
             r.status,
             r.phase or "",
             str(r.last_step or ""),
             str(r.last_seen_at),
-            ",".join(r.tags),
+            shown(",".join(r.tags)),
         )
     console.print(table)
 

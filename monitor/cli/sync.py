@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from monitor.cli._common import console
+from monitor.cli._common import console, quoted, shown
 
 
 def sync(
@@ -72,11 +72,11 @@ def sync(
     )
     for key in [] if stopped else sorted(uploader.created - finished, key=str):
         console.print(
-            f"run {key[1]!r}: the spool holds no final status (its job did not close its client): "
+            f"run {quoted(key[1])}: the spool holds no final status (its job did not close its client): "
             "left 'running'"
         )
     if remaining or stopped:
-        console.print(f"[yellow]stopped:[/yellow] {uploader.problem or 'not delivered'}")
+        console.print(f"[yellow]stopped:[/yellow] {shown(uploader.problem or 'not delivered')}")
         raise typer.Exit(1)
 
 
@@ -183,7 +183,7 @@ class _SyncUploader:
         if delivered or refused:
             console.print(
                 f"{rejected_dir}: {delivered} earlier rejected batches delivered, {len(refused)} refused "
-                "again and kept" + "".join(f"\n  {reason}" for reason in refused[:20])
+                "again and kept" + "".join(f"\n  {shown(reason)}" for reason in refused[:20])
             )
         return True
 
@@ -210,5 +210,5 @@ class _SyncUploader:
                 return None
             marker.unlink(missing_ok=True)
             done.add(run.key)
-            console.print(f"run {run.run_name!r} (id {run_id}): {status}")
+            console.print(f"run {quoted(run.run_name)} (id {run_id}): {status}")
         return done

@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from monitor.cli._common import AsJson, DatabaseUrl, DataDir, console, print_json, services
+from monitor.cli._common import AsJson, DatabaseUrl, DataDir, console, print_json, quoted, services, shown
+from monitor.text import printable
 
 token_app = typer.Typer(
     help="API tokens (auth is on once one was created). Local only: administers the server's database.",
@@ -29,7 +30,7 @@ def token_create(
         token, token_id = state.auth.create_token(project, name)
     finally:
         state.db.dispose()
-    console.print(f"token {token_id} for project {project!r} (shown once):", style="bold")
+    console.print(f"token {token_id} for project {quoted(project)} (shown once):", style="bold")
     typer.echo(token)
 
 
@@ -59,7 +60,12 @@ def token_list(as_json: AsJson = False, database_url: DatabaseUrl = None, data_d
     table = Table("id", "project", "name", "prefix", "created", "revoked")
     for t in tokens:
         table.add_row(
-            str(t.id), t.project, t.name, t.prefix + "…", str(t.created_at), str(t.revoked_at or "")
+            str(t.id),
+            shown(t.project),
+            shown(t.name),
+            shown(t.prefix) + "…",
+            str(t.created_at),
+            str(t.revoked_at or ""),
         )
     console.print(table)
 
@@ -73,7 +79,7 @@ def token_revoke(token_id: int, database_url: DatabaseUrl = None, data_dir: Data
         state.auth.revoke(token_id)
         status = state.auth.status()
     except NotFound as exc:
-        console.print(f"[red]error:[/red] {exc.message}")
+        console.print(f"[red]error:[/red] {shown(exc.message)}")
         raise typer.Exit(1) from None
     finally:
         state.db.dispose()
@@ -121,7 +127,7 @@ def auth_off(
             typer.confirm("Open the API to anyone who can reach it?", abort=True)
         deleted = state.auth.turn_off()
     except Conflict as exc:
-        typer.echo(f"error: {exc.message}", err=True)
+        typer.echo(f"error: {printable(exc.message)}", err=True)
         raise typer.Exit(2) from None
     finally:
         state.db.dispose()

@@ -46,7 +46,9 @@ def watch(
 
     Reads verl's file logger JSONL, verl's console log and TRL's stdout. Restarting resumes where the
     last watch stopped (no step is sent twice or skipped, even after kill -9); a rotated log (renamed,
-    then recreated) is finished before the new file is followed. Ctrl-C / SIGTERM finish the current
+    then recreated) is finished before the new file is followed, and one truncated or rewritten in place
+    is read again from its start. A value the service refuses is reported with its file:line; the
+    other values sent with it are stored. Ctrl-C / SIGTERM finish the current
     send and exit 0. The first watch of an existing file starts at its end unless --from-start.
     """
     import signal
@@ -90,6 +92,10 @@ def watch(
     echo(
         f"sent {summary.steps} steps in {summary.batches} batches"
         + (f" ({summary.duplicates} already there)" if summary.duplicates else "")
-        + (f", {summary.refused} refused" if summary.refused else "")
+        + (
+            f", {summary.refused} value{'s' if summary.refused != 1 else ''} refused (see the warnings)"
+            if summary.refused
+            else ""
+        )
         + ("; idle" if summary.idle else "; stopped")
     )

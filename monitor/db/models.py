@@ -109,6 +109,8 @@ class Run(Base):
     crash_after_s: Mapped[float | None] = mapped_column(Double)
     last_step_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     step_intervals: Mapped[list[float] | None] = mapped_column(JSON)
+    status_final: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """The status was set by an explicit finish (revision 0010): a late batch or heartbeat does not revive it."""
 
 
 class RunTag(Base):
@@ -232,6 +234,8 @@ class Directive(Base):
     stop_on_collapse: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     llds_manual: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     """Whether a person set LLDS in this or an earlier version (then the detector never changes it)."""
+    applied_step: Mapped[int | None] = mapped_column(BigInteger)
+    """The step of the first acknowledgement that covered this version (revision 0009); None: none yet."""
 
 
 class IngestBatch(Base):

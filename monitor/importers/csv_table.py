@@ -29,6 +29,7 @@ from monitor.importers.reading import (
     ProgressCallback,
     StepRecords,
     load_files,
+    name_problem,
     parse_step,
     short,
 )
@@ -86,6 +87,9 @@ def read_csv_table(
         for i, name in enumerate(header)
         if name and name != step_column and name not in not_metrics and is_metric(name)
     ]
+    for problem in filter(None, (name_problem(name) for _, name in metrics)):  # once, not on every row
+        diagnostics.report(path, 1, problem)
+    metrics = [(i, name) for i, name in metrics if name_problem(name) is None]
     records = StepRecords(path, diagnostics, family)
     line = reader.line_num + 1  # where the next record starts
     while True:

@@ -17,7 +17,7 @@ from typing import Final
 
 import numpy as np
 
-from contracts.metrics import MAX_METRIC_NAME_LENGTH
+from contracts.metrics import metric_name_problem
 from contracts.trainer_keys import Family
 from monitor.importers.parsed import (
     FileColumns,
@@ -167,7 +167,7 @@ def parse_step(value: object) -> int | None:
         return None
     if isinstance(value, str):
         text = value.strip()
-        value = int(text) if text.isdigit() else parse_number(text)
+        value = int(text) if text.isascii() and text.isdigit() else parse_number(text)
     if isinstance(value, float):
         if not (math.isfinite(value) and value.is_integer()):
             return None
@@ -184,14 +184,12 @@ def short(value: object, limit: int = 60) -> str:
 
 
 def name_problem(name: str) -> str | None:
-    """Why a metric name cannot be stored (the ingest API's rules), or None."""
-    if not name:
-        return "empty metric name"
-    if len(name) > MAX_METRIC_NAME_LENGTH:
-        return f"metric name longer than {MAX_METRIC_NAME_LENGTH} characters: {short(name)}"
-    if "\x00" in name:
-        return f"metric name contains a NUL character: {short(name)}"
-    return None
+    """Why a metric name cannot be stored (`contracts.metrics.metric_name_problem`, the ingest API's
+    rule), with the name escaped by repr(), or None."""
+    problem = metric_name_problem(name)
+    if problem is None or not name:
+        return problem
+    return f"{problem}: {short(name)}"
 
 
 class StepRecords:

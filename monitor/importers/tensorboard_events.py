@@ -60,7 +60,7 @@ def _written_at(path: Path) -> tuple[int, str]:
     parts = path.name.split(".")
     i = parts.index(EVENT_FILE_MARKER) if EVENT_FILE_MARKER in parts else -1
     stamp = parts[i + 1] if 0 <= i < len(parts) - 1 else ""
-    return (int(stamp) if stamp.isdigit() else 0, os.fspath(path))
+    return (int(stamp) if stamp.isascii() and stamp.isdigit() else 0, os.fspath(path))
 
 
 def parse_event_file(

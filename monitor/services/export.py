@@ -8,10 +8,11 @@ null. `pandas.read_csv(path)` and `pandas.read_parquet(path)` fold both into NaN
 apart read with `dtype_backend="pyarrow"` (CSV also with `engine="pyarrow", keep_default_na=False,
 na_values=[""]`).
 
-Action records are read in pages of about `page_records` records through the query layer's `actions`
-(or the API's `GET /runs/{id}/actions` in remote mode), each page turned into numpy columns and written
-as a whole (a Parquet row group, a block of CSV or JSON lines), so a long run is neither one giant query
-nor one giant table in memory. Their non-finite values survive as in the metrics export (Parquet: IEEE
+Action records are read in pages of at most `page_records` records through the query layer's `actions`
+(or the API's `GET /runs/{id}/actions` in remote mode), each read going on after the last record's key
+(`contracts.action_pages`, so a step larger than a page is read in parts), each page turned into numpy
+columns and written as a whole (a Parquet row group, a block of CSV or JSON lines), so a long run is
+neither one giant query nor one giant table in memory. Their non-finite values survive as in the metrics export (Parquet: IEEE
 floats; CSV: `nan`, `inf`, `-inf`); JSON lines use the API's strings `"NaN"`, `"Infinity"`,
 `"-Infinity"` (strict JSON has no bare NaN). Steps whose raw records retention pruned have none.
 
@@ -35,8 +36,8 @@ from typing import IO, Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from contracts.action_pages import DEFAULT_PAGE_RECORDS, MAX_ACTION_READ, StepTooLarge
-from contracts.action_pages import action_pages as pages_of_steps
+from contracts.action_pages import DEFAULT_PAGE_RECORDS, MAX_ACTION_READ, ActionCursor, PagingUnsupported
+from contracts.action_pages import action_pages as pages_of_records
 from contracts.wire import ACTION_COLUMNS as WIRE_ACTION_COLUMNS
 from monitor.domain import Principal, Series
 from monitor.errors import InvalidInput
@@ -60,9 +61,10 @@ ACTION_DTYPES: Final[dict[str, Any]] = {
     "is_answer": np.bool_,
 }
 
-ActionReader = Callable[[int | None, int | None, str | None, int], Mapping[str, Any]]
-"""(step_min, step_max, source, limit) -> action columns ordered by (step, source, traj_index,
-action_index), at most `limit` records: `QueryService.actions` or the API's `GET /runs/{id}/actions`."""
+ActionReader = Callable[[int | None, int | None, str | None, int, ActionCursor | None], Mapping[str, Any]]
+"""(step_min, step_max, source, limit, after) -> action columns ordered by (step, source, traj_index,
+action_index), at most `limit` records, those after `after` if given: `QueryService.actions` or the
+API's `GET /runs/{id}/actions`."""
 ActionPage = dict[str, npt.NDArray[Any]]
 
 
@@ -182,8 +184,10 @@ class ExportService:
         """The run's action records as numpy column pages (see `action_pages`)."""
         if read is None:
 
-            def read(lo: int | None, hi: int | None, src: str | None, limit: int) -> Mapping[str, Any]:
-                return self.query.actions(principal, run_id, lo, hi, src, limit)
+            def read(
+                lo: int | None, hi: int | None, src: str | None, limit: int, after: ActionCursor | None
+            ) -> Mapping[str, Any]:
+                return self.query.actions(principal, run_id, lo, hi, src, limit, after)
 
         return action_pages(read, step_min, step_max, source, page_records)
 
@@ -195,27 +199,21 @@ def action_pages(
     source: str | None,
     page_records: int = DEFAULT_PAGE_RECORDS,
 ) -> Iterator[ActionPage]:
-    """Every action record of the step range once, in order, as typed pages of whole steps
-    (`contracts.action_pages.action_pages`); a bad page size or a step too large for one read is
-    InvalidInput on `limit`."""
+    """Every action record of the step range once, in order, as typed pages of at most `page_records`
+    records (`contracts.action_pages.action_pages`: a step may span pages); a bad page size, or a step
+    larger than a page on a service that cannot read a step in parts, is InvalidInput on `limit`."""
     if not 1 <= page_records <= MAX_ACTION_READ:
         raise InvalidInput(f"page_records must be in 1..{MAX_ACTION_READ}, not {page_records}", field="limit")
     try:
-        yield from pages_of_steps(
-            lambda lo, hi, src, limit: action_arrays(read(lo, hi, src, limit)),
-            join_pages,
+        yield from pages_of_records(
+            lambda lo, hi, src, limit, after: action_arrays(read(lo, hi, src, limit, after)),
             step_min,
             step_max,
             source,
             page_records,
         )
-    except StepTooLarge as exc:
+    except PagingUnsupported as exc:
         raise InvalidInput(str(exc), field="limit") from None
-
-
-def join_pages(pages: Sequence[Mapping[str, Any]]) -> ActionPage:
-    """Pages as one, their columns concatenated in order."""
-    return {name: np.concatenate([p[name] for p in pages]) for name in ACTION_COLUMNS}
 
 
 def action_arrays(columns: Mapping[str, Any]) -> ActionPage:
@@ -225,17 +223,21 @@ def action_arrays(columns: Mapping[str, Any]) -> ActionPage:
 
 
 class _Counted:
-    """Pages passed through, counting records and distinct steps (pages hold whole steps)."""
+    """Pages passed through, counting records and distinct steps (pages come in step order; a step
+    that spans pages counts once)."""
 
     def __init__(self, pages: Iterator[ActionPage]) -> None:
         self.pages = pages
         self.records = 0
         self.steps = 0
+        self._last_step: int | None = None
 
     def __iter__(self) -> Iterator[ActionPage]:
         for page in self.pages:
-            self.records += int(page["step"].size)
-            self.steps += int(np.unique(page["step"]).size)
+            steps = page["step"]
+            self.records += int(steps.size)
+            self.steps += int(np.unique(steps).size) - int(self._last_step == int(steps[0]))
+            self._last_step = int(steps[-1])
             yield page
 
 

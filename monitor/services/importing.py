@@ -11,9 +11,14 @@ A run that already holds metrics is refused unless the caller says what to do wi
 - `replace`: first delete the run's metrics, actions, phases, alerts, directives and detector state (its
   config, tags, policy and detector overrides stay), then import as into a new run.
 Parsing happens before anything is written, so a malformed file in strict mode leaves the database as it
-was. If writing stops part way (Ctrl-C, a database error), the batches before stay and the run is marked
-`failed`, never left looking alive (`ImportInterrupted` says how far it got); importing again with `replace`
-(or `append`) completes it, and a complete import leaves a `failed` run `finished`.
+was. If writing stops part way (Ctrl-C, a database error), the batches before stay (`ImportInterrupted`,
+`ImportFailed` say how far it got), and what becomes of the run depends on who started it:
+- a run the import started (created it, or emptied it with `replace` while no job was writing to it) is
+  marked `failed`, never left looking alive. Not finally: a job that does write to it revives it.
+- any other run keeps the status it had (a live trainer's run stays `running`): an import never ends a
+  run it did not start.
+Importing again with `replace` (or `append`) completes it; a complete import leaves a run it created
+`finished`, a `failed` run `finished`, and any other run with the status it had.
 """
 
 from __future__ import annotations
@@ -25,11 +30,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-import numpy as np
-
-from contracts.wire import BATCH_ID_MAX_LENGTH, DEFAULT_PROJECT
+from contracts.wire import BATCH_ID_MAX_LENGTH, DEFAULT_PROJECT, IMPORT_BATCH_PREFIX
 from monitor.domain import AlertInfo, MetricsColumns, PhaseEventInfo, Principal, RunInfo
-from monitor.errors import Conflict, InvalidInput
+from monitor.errors import Conflict, InvalidInput, LLDMonError
 from monitor.importers.parsed import ParsedLog
 from monitor.services.alerts import AlertService
 from monitor.services.auth import check_access
@@ -38,6 +41,7 @@ from monitor.services.query import QueryService
 from monitor.services.runs import RunService
 from monitor.store import Database
 from monitor.store import imports as import_store
+from monitor.store import runs as run_store
 
 ImportMode = Literal["new", "append", "replace"]
 IMPORT_MODES: Final = ("new", "append", "replace")
@@ -45,16 +49,39 @@ DEFAULT_CHUNK_STEPS: Final = 50
 """Steps per ingest batch. Online a batch usually holds one step; 50 keeps a 10,000-step import short."""
 
 
-class ImportInterrupted(KeyboardInterrupt):
-    """Ctrl-C while writing: `run` (re-read after marking it failed) holds the log's steps up to its
-    `last_step`, `written` of `total`. A KeyboardInterrupt still, for callers that only know that."""
+@dataclass(frozen=True)
+class ImportStop:
+    """How far an import that stopped part way got: the log's first `written` of `total` steps are
+    stored; `run` is re-read after `marked_failed` (the import started it) or after its status was left
+    as it was (it did not)."""
 
-    def __init__(self, run: RunInfo, written: int, total: int, mode: ImportMode) -> None:
-        super().__init__(f"import into run {run.id} interrupted after {written} of {total} steps")
-        self.run = run
-        self.written = written
-        self.total = total
-        self.mode = mode
+    run: RunInfo
+    written: int
+    total: int
+    mode: ImportMode
+    marked_failed: bool
+
+
+class ImportInterrupted(KeyboardInterrupt):
+    """Ctrl-C while writing (`stop`: how far it got). A KeyboardInterrupt still, for callers that only
+    know that."""
+
+    def __init__(self, stop: ImportStop) -> None:
+        super().__init__(
+            f"import into run {stop.run.id} interrupted after {stop.written} of {stop.total} steps"
+        )
+        self.stop = stop
+
+
+class ImportFailed(LLDMonError):
+    """A domain error while writing (the database went away): the error's own message and code, and
+    `stop`, how far the import got."""
+
+    def __init__(self, error: LLDMonError, stop: ImportStop) -> None:
+        super().__init__(error.message, field=error.field)
+        self.status_code = error.status_code
+        self.code = error.code
+        self.stop = stop
 
 
 @dataclass(frozen=True)
@@ -122,15 +149,19 @@ class ImportService:
                 "overwritten) or delete them first (--replace)",
                 field="run",
             )
+        before = None if existing is None else self.runs.status_snapshot(existing.id)
         run, created = self.runs.register(principal, name, project_name, config or {}, list(tags))
+        # The import owns the run's status only if the run is its own: one it created, or one whose
+        # data it deletes while no job is writing to it. Any other run it leaves as it found it.
+        owned = before is None or (mode == "replace" and before.status not in run_store.LIVE)
         if mode == "replace" and has_data:
             with self.db.write() as conn:
                 import_store.clear_run_data(conn, run.id)
         phases_before = {e.id for e in self.query.phase_events(principal, run.id)}
         alerts_before = {(a.id, a.status, a.last_step) for a in self.alerts.list(principal, run.id)}
 
-        batch_prefix = f"import-{uuid.uuid4().hex[:12]}-"
-        batches = 0
+        batch_prefix = f"{IMPORT_BATCH_PREFIX}{uuid.uuid4().hex[:12]}-"
+        batches = written = 0
         try:
             for lo in range(0, len(log), chunk_steps):
                 hi = min(lo + chunk_steps, len(log))
@@ -139,22 +170,22 @@ class ImportService:
                 assert len(batch_id) <= BATCH_ID_MAX_LENGTH
                 self.ingest.ingest_metrics(principal, run.id, batch_id, batch)
                 batches += 1
+                written = hi
                 if on_steps is not None:
-                    on_steps(hi - lo)
+                    on_steps(hi - lo)  # where a caller stops the import between chunks (Ctrl-C)
         except BaseException as exc:
-            stopped = self._mark_failed(principal, run)
-            if isinstance(exc, KeyboardInterrupt) and stopped is not None:
-                last = stopped.last_step
-                written = 0 if last is None else int(np.searchsorted(log.steps, last, side="right"))
-                raise ImportInterrupted(stopped, written, len(log), mode) from None
+            stop = self._stop(principal, run, None if owned else before, written, len(log), mode)
+            if stop is not None and isinstance(exc, KeyboardInterrupt):
+                raise ImportInterrupted(stop) from None
+            if stop is not None and isinstance(exc, LLDMonError):
+                raise ImportFailed(exc, stop) from exc
             raise
 
         self.ingest.judge_backlog(run.id)  # a chunk over the detector's per-batch bound
-        previous_status = existing.status if existing is not None else None
-        if previous_status == "failed":  # what an interrupted import leaves: now complete
-            previous_status = "finished"
-        if previous_status != "running":
-            self.runs.finish(principal, run.id, previous_status or "finished")
+        if before is None or before.status == "failed":  # new, or what an interrupted import left
+            self.runs.finish(principal, run.id, "finished")
+        else:
+            self.runs.restore_status(run.id, before)
         phases = [e for e in self.query.phase_events(principal, run.id) if e.id not in phases_before]
         alerts = [
             a
@@ -174,10 +205,24 @@ class ImportService:
             alerts=alerts,
         )
 
-    def _mark_failed(self, principal: Principal, run: RunInfo) -> RunInfo | None:
-        """Best effort (the database may be what failed): the run as marked, or None."""
+    def _stop(
+        self,
+        principal: Principal,
+        run: RunInfo,
+        keep: run_store.StatusSnapshot | None,
+        written: int,
+        total: int,
+        mode: ImportMode,
+    ) -> ImportStop | None:
+        """After writing stopped: mark the run failed (`keep` None: the import's own run) or put back the
+        status `keep` it had. Best effort (the database may be what failed): None if that failed too."""
         with contextlib.suppress(Exception):
-            return self.runs.finish(principal, run.id, "failed")
+            if keep is None:
+                marked = self.runs.mark_failed(principal, run.id)
+            else:
+                self.runs.restore_status(run.id, keep)
+                marked = self.runs.get(principal, run.id)
+            return ImportStop(marked, written, total, mode, marked_failed=keep is None)
         return None
 
 

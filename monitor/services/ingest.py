@@ -6,16 +6,29 @@ per chunk).
 
 The ledger is keyed by (run, kind, batch id) and keeps a digest of the decoded payload: a re-sent batch
 is a duplicate only if its payload is the same; the same id with another payload is a 409, since
-acknowledging it would silently drop data."""
+acknowledging it would silently drop data.
+
+A metrics batch may carry the trainer's acknowledgement of directive versions (`directive/applied_version`,
+contracts.directive). It is judged here, in the batch's transaction, against the versions that exist
+then, and recorded on the versions it covers (`event_store.acknowledge`); the values stay stored as
+metrics either way. A value that is not a whole number from 1 to the run's current version is ignored,
+not clamped: the trainer is out of step with this run's directives (a bug, or values copied from another
+run), so it shows nothing about the versions that do exist, and counting them acknowledged would make
+every trainer skip their checkpoint and stop requests for good (stop-on-collapse included), while an
+ignored value leaves them pending for the trainer to act on. Imports (`IMPORT_BATCH_PREFIX`) are
+history and acknowledge nothing."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
 
 import msgspec
 from sqlalchemy import Connection
 
+from contracts.directive import APPLIED_VERSION_METRIC
+from contracts.wire import IMPORT_BATCH_PREFIX
 from monitor.domain import ActionColumns, DirectiveInfo, IngestAck, MetricsColumns, Principal
 from monitor.errors import Conflict
 from monitor.services.detection import DetectionService
@@ -47,6 +60,8 @@ class IngestService:
             previous = _claim(conn, run_id, "metrics", batch_id, batch, len(batch))
             if previous is None:
                 ingest_store.write_metrics(conn, run_id, batch)
+                if not batch_id.startswith(IMPORT_BATCH_PREFIX):
+                    _record_acknowledgements(conn, run_id, batch)
                 run_store.touch_run(conn, run_id, last_step)
             else:  # a re-sent batch: nothing new for the detector
                 directive = event_store.current_directive(conn, run_id)
@@ -102,6 +117,32 @@ class IngestService:
             directive=directive,
             last_step=last_step,
         )
+
+
+def _record_acknowledgements(conn: Connection, run_id: int, batch: MetricsColumns) -> None:
+    """Record the batch's directive acknowledgements that name a version existing now (module docstring)."""
+    if APPLIED_VERSION_METRIC not in batch.names:
+        return
+    current = event_store.latest_version(conn, run_id)
+    event_store.acknowledge(conn, run_id, _acknowledgements(batch, current))
+
+
+def _acknowledgements(batch: MetricsColumns, current_version: int) -> list[tuple[int, int]]:
+    """The batch's (step, version) acknowledgements in step order, each above the ones before it, of
+    the values that are whole numbers from 1 to `current_version` (NaN, +-inf, fractions, 0, negatives
+    and versions that do not exist yet are ignored)."""
+    values = sorted(
+        (step, float(value))
+        for name, step, value in zip(batch.names, batch.steps, batch.values, strict=True)
+        if name == APPLIED_VERSION_METRIC and value is not None
+    )
+    accepted: list[tuple[int, int]] = []
+    highest = 0
+    for step, value in values:
+        if math.isfinite(value) and value.is_integer() and highest < value <= current_version:
+            highest = int(value)
+            accepted.append((step, highest))
+    return accepted
 
 
 def payload_digest(batch: MetricsColumns | ActionColumns) -> str:

@@ -4,7 +4,8 @@ A killed training job never calls `finish`, so without this its run stays "runni
 forever. A background sweeper (one per API process, started with the app) compares each running or
 stalled run's silence with its thresholds: past the stall threshold the run becomes `stalled` and a
 `run_stalled` warning opens; past the crash threshold it becomes `crashed` and the alert turns
-critical. A new batch or a heartbeat revives the run (`running` again) and the alert resolves.
+critical. A new batch or a heartbeat revives the run (`running` again, watched again) and the alert
+resolves; so it does a run an interrupted import marked `failed`. Only an explicit finish is final.
 
 Thresholds: per run if set (`PUT /runs/{id}/liveness`), otherwise max(`stall_after_seconds`,
 `stall_step_factor` x the run's median seconds per step) to stall and `crash_after_factor` times that
@@ -107,11 +108,12 @@ class LivenessService:
             return self._liveness(conn, run_id)
 
     def heartbeat(self, principal: Principal, run_id: int) -> Liveness:
-        """The job is alive between steps: refresh the run and revive it if it was stalled or crashed."""
+        """The job is alive between steps: refresh the run and revive it unless it was finished
+        explicitly (`store.runs.REVIVABLE`)."""
         self.runs.get(principal, run_id)
         with self.db.write() as conn:
-            was = run_store.heartbeat(conn, run_id)
-        if was in run_store.REVIVABLE:
+            revived = run_store.heartbeat(conn, run_id)
+        if revived:
             self._clear(run_id)
         with self.db.read() as conn:
             return self._liveness(conn, run_id)

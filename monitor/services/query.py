@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from contracts.action_pages import MAX_ACTION_READ
+from contracts.action_pages import MAX_ACTION_READ, ActionCursor
 from contracts.wire import NAN, NEG_INF, POS_INF
 from monitor.domain import ActionSummaries, MetricSummary, PhaseEventInfo, Principal, RunSummary, Series
 from monitor.errors import InvalidInput
@@ -80,11 +80,14 @@ class QueryService:
         step_max: int | None,
         source: str | None,
         limit: int,
+        after: ActionCursor | None = None,
     ) -> dict[str, list[Any]]:
+        """At most `limit` (capped at MAX_ACTION_READ) records in key order; with `after`, those after
+        that record's key (contracts.action_pages)."""
         self.runs.get(principal, run_id)
         with self.db.read() as conn:
             return series_store.read_actions(
-                conn, run_id, step_min, step_max, source, min(limit, MAX_ACTION_READ)
+                conn, run_id, step_min, step_max, source, min(limit, MAX_ACTION_READ), after
             )
 
     def action_summaries(

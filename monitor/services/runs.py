@@ -89,12 +89,30 @@ class RunService:
             return run_store.list_runs(conn, flt)
 
     def finish(self, principal: Principal, run_id: int, status: str) -> RunInfo:
+        """An explicit finish: final, a later batch or heartbeat does not revive the run."""
         if status not in FINISH_STATUSES:
             raise InvalidInput(f"status must be one of {list(FINISH_STATUSES)}", field="status")
         self.get(principal, run_id)
         with self.db.write() as conn:
             run_store.finish_run(conn, run_id, status)
         return self.get(principal, run_id)
+
+    def mark_failed(self, principal: Principal, run_id: int) -> RunInfo:
+        """`failed`, not final: what a writer that stopped part way (an interrupted import) makes of a run
+        it started, so the run does not look alive; a job that does write to it revives it."""
+        self.get(principal, run_id)
+        with self.db.write() as conn:
+            run_store.finish_run(conn, run_id, "failed", final=False)
+        return self.get(principal, run_id)
+
+    def status_snapshot(self, run_id: int) -> run_store.StatusSnapshot | None:
+        with self.db.read() as conn:
+            return run_store.status_snapshot(conn, run_id)
+
+    def restore_status(self, run_id: int, snapshot: run_store.StatusSnapshot) -> bool:
+        """Put the status back as `snapshot` unless the run was finished since (`store.runs.restore_status`)."""
+        with self.db.write() as conn:
+            return run_store.restore_status(conn, run_id, snapshot)
 
     def set_policy(self, principal: Principal, run_id: int, policy: str) -> RunInfo:
         if policy not in DIRECTIVE_POLICIES:

@@ -229,6 +229,15 @@ def summarize(block: Block) -> dict[str, Any]:
     }
 
 
+def records_after(block: Block, traj_index: int, action_index: int) -> Block:
+    """The block's records whose key (traj_index, action_index) is greater than the one given (the rest
+    of a step read in parts; the block is sorted by key)."""
+    keep = (block.traj_index > traj_index) | (
+        (block.traj_index == traj_index) & (block.action_index > action_index)
+    )
+    return _block(*(getattr(block, name)[keep] for name in ACTION_FIELDS))
+
+
 def concat_columns(blocks: Sequence[tuple[int, str, Block]]) -> dict[str, np.ndarray]:
     """The records of several blocks as columns `step`, `source` and ACTION_FIELDS, block after block."""
     sizes = np.asarray([len(block) for _, _, block in blocks], dtype=np.int64)

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import math
+from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import Connection, false, func, select, true
+from sqlalchemy import Connection, false, func, select, true, update
 
-from contracts.directive import APPLIED_VERSION_METRIC, DEFAULT_LLDS_LAMBDA, SOURCE_MANUAL
-from monitor.db.models import Directive, PhaseEvent, Run, StepMetric
+from contracts.directive import DEFAULT_LLDS_LAMBDA, SOURCE_MANUAL
+from monitor.db.models import Directive, PhaseEvent, Run
 from monitor.domain import DirectiveInfo, PhaseEventInfo
 from monitor.store._sql import table_of
 
 directives = table_of(Directive)
 phase_events = table_of(PhaseEvent)
 runs = table_of(Run)
-step_metrics = table_of(StepMetric)
 
 
 def _info(row: Any, applied_version: int = 0, applied_step: int | None = None) -> DirectiveInfo:
@@ -40,11 +39,35 @@ def _info(row: Any, applied_version: int = 0, applied_step: int | None = None) -
 def applied_version(conn: Connection, run_id: int) -> int:
     """The highest directive version the run's trainer acknowledged (0: none)."""
     value = conn.execute(
-        select(func.max(step_metrics.c.value)).where(
-            step_metrics.c.run_id == run_id, step_metrics.c.name == APPLIED_VERSION_METRIC
+        select(func.max(directives.c.version)).where(
+            directives.c.run_id == run_id, directives.c.applied_step.is_not(None)
         )
     ).scalar_one()
-    return int(value) if value is not None and math.isfinite(value) and value > 0 else 0
+    return 0 if value is None else int(value)
+
+
+def latest_version(conn: Connection, run_id: int) -> int:
+    """The run's current directive version (0: none yet)."""
+    value = conn.execute(
+        select(func.max(directives.c.version)).where(directives.c.run_id == run_id)
+    ).scalar_one()
+    return 0 if value is None else int(value)
+
+
+def acknowledge(conn: Connection, run_id: int, acknowledgements: Iterable[tuple[int, int]]) -> None:
+    """Record (step, version) acknowledgements, in the order given: each marks every version up to
+    its own that no earlier one covered as acknowledged at its step. The caller decides which values
+    are acknowledgements (`IngestService`); versions that do not exist are simply not there to mark."""
+    for step, version in acknowledgements:
+        conn.execute(
+            update(directives)
+            .where(
+                directives.c.run_id == run_id,
+                directives.c.version <= version,
+                directives.c.applied_step.is_(None),
+            )
+            .values(applied_step=step)
+        )
 
 
 def current_directive(conn: Connection, run_id: int) -> DirectiveInfo:
@@ -52,7 +75,7 @@ def current_directive(conn: Connection, run_id: int) -> DirectiveInfo:
         select(directives).where(directives.c.run_id == run_id).order_by(directives.c.version.desc()).limit(1)
     ).one_or_none()
     if row is None:
-        return DirectiveInfo(applied_version=applied_version(conn, run_id))
+        return DirectiveInfo()
     return _info(row, applied_version(conn, run_id))
 
 
@@ -129,22 +152,8 @@ def directive_history(conn: Connection, run_id: int) -> list[DirectiveInfo]:
     rows = conn.execute(
         select(directives).where(directives.c.run_id == run_id).order_by(directives.c.version)
     ).all()
-    acks = conn.execute(
-        select(step_metrics.c.step, step_metrics.c.value)
-        .where(step_metrics.c.run_id == run_id, step_metrics.c.name == APPLIED_VERSION_METRIC)
-        .order_by(step_metrics.c.step)
-    ).all()
-    first_step: dict[int, int] = {}  # version -> first step whose acknowledgement covers it
-    highest = 0
-    for ack in acks:
-        if ack.value is None or not math.isfinite(ack.value) or int(ack.value) <= highest:
-            continue
-        for version in range(highest + 1, int(ack.value) + 1):
-            if version > len(rows) + 1:
-                break
-            first_step[version] = int(ack.step)
-        highest = int(ack.value)
-    return [_info(r, highest, first_step.get(r.version)) for r in rows]
+    highest = max((r.version for r in rows if r.applied_step is not None), default=0)
+    return [_info(r, highest, r.applied_step) for r in rows]
 
 
 def list_phase_events(conn: Connection, run_id: int) -> list[PhaseEventInfo]:

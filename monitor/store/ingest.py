@@ -194,8 +194,15 @@ def _write(
 
 
 def _try_copy(conn: Connection, table: str, columns: Sequence[str], rows: list[tuple[Any, ...]]) -> bool:
-    """COPY the rows in a savepoint; False (and nothing written) if some key already exists."""
+    """COPY the rows in a savepoint; False (and nothing written) if some key already exists.
+
+    The COPY runs on the driver connection, past SQLAlchemy, which would otherwise discard a connection
+    that an exception left mid-command. Done here: a KeyboardInterrupt inside psycopg's wait can leave
+    the connection in COPY state, where the transaction's ROLLBACK fails ("another command is already in
+    progress") or waits for data that never comes. Such a connection is invalidated (closed, dropped from
+    the pool; the server rolls the transaction back), so the caller's next transaction gets a fresh one."""
     import psycopg
+    from psycopg.pq import TransactionStatus
 
     savepoint = conn.begin_nested()
     raw = conn.connection.driver_connection
@@ -207,5 +214,9 @@ def _try_copy(conn: Connection, table: str, columns: Sequence[str], rows: list[t
     except psycopg.errors.UniqueViolation:
         savepoint.rollback()
         return False
+    except BaseException as exc:
+        if raw.info.transaction_status not in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+            conn.invalidate(exc if isinstance(exc, Exception) else None)
+        raise
     savepoint.commit()
     return True

@@ -28,8 +28,10 @@ run_tags = table_of(RunTag)
 
 STEP_INTERVALS_KEPT: Final = 32
 """Recent seconds-per-step observations kept per run (their median scales its stall threshold)."""
-REVIVABLE: Final = (RUN_STALLED, RUN_CRASHED)
-"""Statuses a new batch or heartbeat turns back into `running` (the job is evidently alive)."""
+REVIVABLE: Final = (RUN_STALLED, RUN_CRASHED, "failed")
+"""Statuses a new batch or heartbeat turns back into `running` (the job is evidently alive), unless an
+explicit finish set them (`status_final`): a job that said it ended stays ended, while the liveness
+sweeper's `stalled`/`crashed` and an interrupted import's `failed` are judgements from outside the job."""
 LIVE: Final = ("running", RUN_STALLED)
 """Statuses the liveness sweeper watches and /metrics reports per run."""
 
@@ -112,7 +114,12 @@ def create_run(
         conn.execute(
             update(runs)
             .where(runs.c.id == run_id)
-            .values(status="running", finished_at=None, last_seen_at=datetime.now(timezone.utc))
+            .values(
+                status="running",
+                status_final=False,
+                finished_at=None,
+                last_seen_at=datetime.now(timezone.utc),
+            )
         )
     for tag in dict.fromkeys(tags):
         insert_ignore(conn, run_tags, {"run_id": run_id, "tag": tag})
@@ -148,22 +155,56 @@ def list_runs(conn: Connection, flt: RunFilter) -> list[RunInfo]:
     return [_to_run(r, tags.get(r.id, [])) for r in rows]
 
 
-def finish_run(conn: Connection, run_id: int, status: str) -> None:
-    conn.execute(update(runs).where(runs.c.id == run_id).values(status=status, finished_at=func.now()))
+def finish_run(conn: Connection, run_id: int, status: str, *, final: bool = True) -> None:
+    """End the run with `status`. `final`: an explicit finish, which no later batch or heartbeat undoes;
+    otherwise the run's next batch or heartbeat turns it back into `running` (`REVIVABLE`)."""
+    conn.execute(
+        update(runs)
+        .where(runs.c.id == run_id)
+        .values(status=status, status_final=final, finished_at=func.now())
+    )
+
+
+@dataclass(frozen=True)
+class StatusSnapshot:
+    """A run's lifecycle fields, to put back as they were (`restore_status`)."""
+
+    status: str
+    final: bool
+    finished_at: datetime | None
+
+
+def status_snapshot(conn: Connection, run_id: int) -> StatusSnapshot | None:
+    row = conn.execute(
+        select(runs.c.status, runs.c.status_final, runs.c.finished_at).where(runs.c.id == run_id)
+    ).one_or_none()
+    return None if row is None else StatusSnapshot(str(row.status), bool(row.status_final), row.finished_at)
+
+
+def restore_status(conn: Connection, run_id: int, snapshot: StatusSnapshot) -> bool:
+    """Compare-and-set: put `snapshot` back if the run is still as (re-)registration left it (running,
+    not finished explicitly); a finish meanwhile wins. True if this call restored it."""
+    result = conn.execute(
+        update(runs)
+        .where(runs.c.id == run_id, runs.c.status == "running", runs.c.status_final.is_(False))
+        .values(status=snapshot.status, status_final=snapshot.final, finished_at=snapshot.finished_at)
+        .returning(runs.c.id)
+    )
+    return result.first() is not None
 
 
 def touch_run(conn: Connection, run_id: int, last_step: int | None) -> str | None:
-    """Record activity (a batch): revive a stalled or crashed run, note when a new last step arrived and
-    its seconds per step; `last_step` only ever grows. Returns the status the run had (None: no run)."""
+    """Record activity (a batch): revive the run (`REVIVABLE`), note when a new last step arrived and its
+    seconds per step; `last_step` only ever grows. Returns the status the run had (None: no run)."""
     now = datetime.now(timezone.utc)
     row = conn.execute(
-        select(runs.c.status, runs.c.last_step, runs.c.last_step_at, runs.c.step_intervals).where(
-            runs.c.id == run_id
-        )
+        select(
+            runs.c.status, runs.c.status_final, runs.c.last_step, runs.c.last_step_at, runs.c.step_intervals
+        ).where(runs.c.id == run_id)
     ).one_or_none()
     if row is None:
         return None
-    values: dict[str, Any] = {"last_seen_at": now, **_revive(row.status)}
+    values: dict[str, Any] = {"last_seen_at": now, **_revive(row.status, row.status_final)}
     if last_step is not None and (row.last_step is None or last_step > row.last_step):
         values["last_step_at"] = now
         if row.last_step is not None and row.last_step_at is not None:
@@ -182,8 +223,8 @@ def touch_run(conn: Connection, run_id: int, last_step: int | None) -> str | Non
     return str(row.status)
 
 
-def _revive(status: str) -> dict[str, Any]:
-    return {"status": "running", "finished_at": None} if status in REVIVABLE else {}
+def _revive(status: str, final: bool) -> dict[str, Any]:
+    return {"status": "running", "finished_at": None} if status in REVIVABLE and not final else {}
 
 
 @dataclass(frozen=True)
@@ -202,15 +243,17 @@ class RunLiveness:
     step_intervals: list[float]
 
 
-def heartbeat(conn: Connection, run_id: int) -> str | None:
-    """The job is alive between steps: refresh `last_seen_at` and revive a stalled or crashed run.
-    Returns the status the run had (None: no run)."""
-    status = conn.execute(select(runs.c.status).where(runs.c.id == run_id)).scalar_one_or_none()
-    if status is None:
+def heartbeat(conn: Connection, run_id: int) -> bool | None:
+    """The job is alive between steps: refresh `last_seen_at` and revive the run (`REVIVABLE`).
+    Returns whether it was revived (None: no run)."""
+    row = conn.execute(select(runs.c.status, runs.c.status_final).where(runs.c.id == run_id)).one_or_none()
+    if row is None:
         return None
-    values = {"last_seen_at": datetime.now(timezone.utc), **_revive(str(status))}
-    conn.execute(update(runs).where(runs.c.id == run_id).values(**values))
-    return str(status)
+    revive = _revive(str(row.status), bool(row.status_final))
+    conn.execute(
+        update(runs).where(runs.c.id == run_id).values(last_seen_at=datetime.now(timezone.utc), **revive)
+    )
+    return bool(revive)
 
 
 def liveness(conn: Connection, run_ids: list[int] | None = None) -> list[RunLiveness]:

@@ -11,11 +11,19 @@ import numpy as np
 from sqlalchemy import Connection, and_, func, select
 from sqlalchemy.sql.elements import ColumnElement
 
+from contracts.action_pages import ActionCursor
 from contracts.wire import ACTION_COLUMNS
 from monitor.db.models import ActionBlock, StepMetric
 from monitor.domain import ActionSummaries, MetricLast, MetricSummary, Series
 from monitor.store._sql import table_of
-from monitor.store.action_codec import SUMMARY_LEVELS, concat_columns, decode_block
+from monitor.store.action_codec import (
+    SUMMARY_LEVELS,
+    Block,
+    concat_columns,
+    decode_block,
+    empty_block,
+    records_after,
+)
 
 step_metrics = table_of(StepMetric)
 action_blocks = table_of(ActionBlock)
@@ -120,35 +128,62 @@ def _group(rows: Iterable[Any]) -> list[Series]:
 
 
 def read_actions(
-    conn: Connection, run_id: int, step_min: int | None, step_max: int | None, source: str | None, limit: int
+    conn: Connection,
+    run_id: int,
+    step_min: int | None,
+    step_max: int | None,
+    source: str | None,
+    limit: int,
+    after: ActionCursor | None = None,
 ) -> dict[str, list[Any]]:
     """Action records as columns (the wire format's shape), ordered by step, source, trajectory, action,
-    at most `limit`. Only the blocks that hold the first `limit` records are fetched and decoded (their
-    record counts are read first); pruned blocks hold no records."""
+    at most `limit`; with `after`, only the records whose key is greater than it (the next page of a
+    step read in parts). Only the blocks that hold those records are fetched and decoded (their record
+    counts are read first; the block `after` points into is decoded first, to count what is left of
+    it); pruned blocks hold no records."""
     kept = _action_filter(run_id, step_min, step_max, source) & action_blocks.c.payload.is_not(None)
+    if after is not None:
+        kept &= (action_blocks.c.step > after.step) | (
+            (action_blocks.c.step == after.step) & (action_blocks.c.source >= after.source)
+        )
     extent = conn.execute(
         select(action_blocks.c.step, action_blocks.c.source, action_blocks.c.n_records)
         .where(kept)
         .order_by(action_blocks.c.step, action_blocks.c.source)
-        .limit(max(limit, 1))  # every stored block holds at least one record
+        .limit(max(limit, 0) + 1)  # every stored block holds a record; the first may hold none after `after`
     ).all()
+    keys = [(int(step), str(src)) for step, src, _ in extent]
     counts = np.fromiter((n for _, _, n in extent), dtype=np.int64, count=len(extent))
-    needed = extent[: int(np.searchsorted(np.cumsum(counts), limit, side="left")) + 1]
-    blocks = []
-    if needed and limit > 0:
-        wanted = {(int(step), str(src)) for step, src, _ in needed}
-        rows = conn.execute(
-            select(action_blocks.c.step, action_blocks.c.source, action_blocks.c.payload)
-            .where(kept, action_blocks.c.step >= needed[0][0], action_blocks.c.step <= needed[-1][0])
-            .order_by(action_blocks.c.step, action_blocks.c.source)
-        )
-        blocks = [
-            (int(step), str(src), decode_block(payload))
-            for step, src, payload in rows
-            if (int(step), str(src)) in wanted
-        ]
-    columns = concat_columns(blocks)
+    decoded: dict[tuple[int, str], Block] = {}
+    if after is not None and keys and keys[0] == (after.step, after.source):
+        first = _decode_blocks(conn, run_id, kept, keys[:1]).get(keys[0], empty_block())  # gone: none
+        decoded[keys[0]] = records_after(first, after.traj_index, after.action_index)
+        counts[0] = len(decoded[keys[0]])
+    needed = keys[: int(np.searchsorted(np.cumsum(counts), limit, side="left")) + 1] if limit > 0 else []
+    decoded |= _decode_blocks(conn, run_id, kept, [key for key in needed if key not in decoded])
+    columns = concat_columns(
+        [(step, src, decoded[step, src]) for step, src in needed if (step, src) in decoded]
+    )
     return {name: columns[name][: max(limit, 0)].tolist() for name in _ACTION_READ_COLUMNS}
+
+
+def _decode_blocks(
+    conn: Connection, run_id: int, kept: ColumnElement[bool], keys: Sequence[tuple[int, str]]
+) -> dict[tuple[int, str], Block]:
+    """The blocks of `keys` (in key order, all matching `kept`), decoded; one query over their step range."""
+    if not keys:
+        return {}
+    wanted = set(keys)
+    rows = conn.execute(
+        select(action_blocks.c.step, action_blocks.c.source, action_blocks.c.payload)
+        .where(kept, action_blocks.c.step >= keys[0][0], action_blocks.c.step <= keys[-1][0])
+        .order_by(action_blocks.c.step, action_blocks.c.source)
+    )
+    return {
+        (int(step), str(src)): decode_block(payload)
+        for step, src, payload in rows
+        if (int(step), str(src)) in wanted
+    }
 
 
 def read_action_summaries(

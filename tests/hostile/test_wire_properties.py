@@ -26,9 +26,10 @@ from tests.monitor.api.helpers import history, new_run
 
 pytestmark = pytest.mark.timeout(120)
 
-# Valid metric names: any text but NUL and lone surrogates (utf-8 cannot encode them), 1..MAX characters.
+# Valid metric names: any text but control characters and lone surrogates (utf-8 cannot encode them),
+# 1..MAX characters (`contracts.metrics.metric_name_problem`).
 names = st.text(
-    st.characters(codec="utf-8", exclude_characters="\x00"),
+    st.characters(codec="utf-8", exclude_categories=("Cc", "Cs")),
     min_size=1,
     max_size=MAX_METRIC_NAME_LENGTH,
 )

@@ -8,15 +8,17 @@ from typing import Any, Literal
 import orjson
 from fastapi import Depends, Query, Response
 
-from contracts.action_pages import MAX_ACTION_READ
+from contracts.action_pages import MAX_ACTION_READ, ActionCursor
 from contracts.wire import encode_float
 from monitor.api.params import MAX_BIGINT, RunId
 from monitor.api.routes._run import ERRORS, run_router
 from monitor.api.schemas import ActionSummariesOut
 from monitor.api.state import AppState, get_principal, get_state
 from monitor.domain import Principal
+from monitor.errors import InvalidInput
 
 router = run_router()
+_AFTER = "With the other three after_* parameters: only the records after this key (the next page)."
 
 
 @router.get("/actions", responses=ERRORS)
@@ -26,11 +28,19 @@ def action_records(
     step_max: int | None = Query(None, ge=0, le=MAX_BIGINT),
     source: Literal["loss", "probe"] | None = None,
     limit: int = Query(50_000, ge=1, le=MAX_ACTION_READ),
+    after_step: int | None = Query(None, ge=0, le=MAX_BIGINT, description=_AFTER),
+    after_source: Literal["loss", "probe"] | None = Query(None, description=_AFTER),
+    after_traj_index: int | None = Query(None, ge=-MAX_BIGINT - 1, le=MAX_BIGINT, description=_AFTER),
+    after_action_index: int | None = Query(None, ge=-MAX_BIGINT - 1, le=MAX_BIGINT, description=_AFTER),
     state: AppState = Depends(get_state),
     principal: Principal = Depends(get_principal),
 ) -> Response:
-    """Action records as columns (the ingest wire format's shape). Steps pruned by retention have none."""
-    columns = state.query.actions(principal, run_id, step_min, step_max, source, limit)
+    """Action records as columns (the ingest wire format's shape), in key order (step, source,
+    traj_index, action_index), at most `limit`. The `after_*` cursor (the key of the last record of the
+    previous page) reads on from there, also inside a step, so a step of any size reads in pages.
+    Steps pruned by retention have none."""
+    after = _cursor(after_step, after_source, after_traj_index, after_action_index)
+    columns = state.query.actions(principal, run_id, step_min, step_max, source, limit, after)
     for name in ("delta", "old_logp_mean", "advantage", "reward"):
         columns[name] = [encode_float(v) for v in columns[name]]
     return Response(orjson.dumps({"run_id": run_id, **columns}), media_type="application/json")
@@ -60,6 +70,21 @@ def action_summaries(
         "pruned": s.pruned,
     }
     return Response(orjson.dumps(payload), media_type="application/json")
+
+
+def _cursor(
+    step: int | None, source: str | None, traj_index: int | None, action_index: int | None
+) -> ActionCursor | None:
+    """The `after_*` parameters as a cursor: all four or none."""
+    if step is None and source is None and traj_index is None and action_index is None:
+        return None
+    if step is None or source is None or traj_index is None or action_index is None:
+        raise InvalidInput(
+            "after_step, after_source, after_traj_index and after_action_index go together (the key of "
+            "the last record read)",
+            field="after_step",
+        )
+    return ActionCursor(step, source, traj_index, action_index)
 
 
 def _wire_rows(rows: Sequence[Sequence[float]]) -> list[list[Any]]:

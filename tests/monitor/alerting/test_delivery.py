@@ -154,9 +154,9 @@ def test_canonical_names_agree() -> None:
 
 def test_blackholed_sink_never_delays_a_live_one(receiver: Receiver, telemetry: ServiceMetrics) -> None:
     updates: list[Any] = []
-    with blackhole() as dead_url, httpx.Client(timeout=1.5) as slow, httpx.Client(timeout=3.0) as fast:
-        dead = WebhookSink(dead_url, slow)
-        live = WebhookSink(receiver.url, fast)
+    with blackhole() as dead_url:
+        dead = WebhookSink(dead_url, timeout=1.5)
+        live = WebhookSink(receiver.url, timeout=3.0)
         dispatcher = Dispatcher(
             [dead, live], telemetry, max_attempts=2, base_delay=0.01, recorder=updates.extend
         )
@@ -169,7 +169,9 @@ def test_blackholed_sink_never_delays_a_live_one(receiver: Receiver, telemetry: 
     final = {(u.sink, u.alert_id): u for u in updates}
     assert {final[live.name, i].status for i in (1, 2, 3)} == {A.DELIVERED}
     assert {final[dead.name, i].status for i in (1, 2, 3)} == {A.FAILED}
-    assert final[dead.name, 1].attempts == 2 and final[dead.name, 1].error == "ReadTimeout"
+    assert (
+        final[dead.name, 1].attempts == 2 and final[dead.name, 1].error == "no complete answer within 1.5 s"
+    )
     seen = [(u.sink, u.alert_id, u.status) for u in updates]
     assert seen.index((dead.name, 1, A.PENDING)) < seen.index((dead.name, 1, A.RETRYING))
 
@@ -177,14 +179,13 @@ def test_blackholed_sink_never_delays_a_live_one(receiver: Receiver, telemetry: 
 def test_minimum_severity_per_sink_and_signed_webhook(receiver: Receiver, telemetry: ServiceMetrics) -> None:
     slack = Receiver()
     try:
-        with httpx.Client(timeout=5.0) as http:
-            webhook = WebhookSink(receiver.url, http, min_severity="critical", secret=SECRET)
-            dispatcher = Dispatcher(
-                [webhook, SlackSink(slack.url, http)], telemetry, public_url="https://m.io/"
-            )
-            dispatcher.submit([note("warning", alert_id=1), note("critical", A.ESCALATED, alert_id=2)])
-            assert dispatcher.join(10)
-            dispatcher.close()
+        webhook = WebhookSink(receiver.url, timeout=5.0, min_severity="critical", secret=SECRET)
+        dispatcher = Dispatcher(
+            [webhook, SlackSink(slack.url, timeout=5.0)], telemetry, public_url="https://m.io/"
+        )
+        dispatcher.submit([note("warning", alert_id=1), note("critical", A.ESCALATED, alert_id=2)])
+        assert dispatcher.join(10)
+        dispatcher.close()
         assert [b["alert_id"] for b in receiver.bodies] == [2]  # the warning stayed below its minimum
         assert [len(slack.requests)] == [2]
         headers, raw = receiver.requests[0]
@@ -338,7 +339,10 @@ def test_live_server_delivers_past_a_dead_sink_and_says_what_happened(
                 time.sleep(0.2)
             by_status = {d["status"]: d for d in nan_alert["deliveries"]}
             assert set(by_status) == {A.DELIVERED, A.FAILED}, nan_alert["deliveries"]
-            assert by_status[A.FAILED]["attempts"] == 2 and by_status[A.FAILED]["last_error"] == "ReadTimeout"
+            assert (
+                by_status[A.FAILED]["attempts"] == 2
+                and by_status[A.FAILED]["last_error"] == "no complete answer within 1 s"
+            )
             assert all(d["sink"].startswith("webhook:127.0.0.1/") for d in nan_alert["deliveries"])  # no URL
 
             # The CLI says the same, as JSON and as a table with a delivery column.
@@ -357,7 +361,7 @@ def test_live_server_delivers_past_a_dead_sink_and_says_what_happened(
             table = runner.invoke(cli, ["alerts", "list", str(run_id), *db], env={"COLUMNS": "250"})
             assert table.exit_code == 0, table.output
             assert "delivery" in table.output and "delivered" in table.output
-            assert "failed (2 attempts, ReadTimeout)" in table.output
+            assert "failed (2 attempts, no complete answer within 1 s)" in table.output
 
 
 # -- import --notify ----------------------------------------------------------------------------------

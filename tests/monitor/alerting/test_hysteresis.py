@@ -285,7 +285,7 @@ class Hook:
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []
         self.lock = threading.Lock()
-        self.client = httpx.Client(transport=httpx.MockTransport(self.handle))
+        self.transport = httpx.MockTransport(self.handle)
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         with self.lock:
@@ -325,7 +325,7 @@ def test_a_flickering_nan_grad_norm_through_the_api_cli_and_dashboard(settings: 
     hook = Hook()
     app = create_app(
         settings.model_copy(update={"webhook_urls": [Hook.URL], "alert_hold_steps": HOLD}),
-        http_client=hook.client,
+        sink_transport=hook.transport,
     )
     runner = CliRunner()
     try:
@@ -366,7 +366,6 @@ def test_a_flickering_nan_grad_norm_through_the_api_cli_and_dashboard(settings: 
             ]
     finally:
         app.state.lldmon.db.dispose()
-        hook.client.close()
 
     # Three blips 7 steps apart are one alert that re-opened twice; the blip 41 steps later is another.
     assert [

@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -57,12 +55,6 @@ def telemetry() -> ServiceMetrics:
     return ServiceMetrics(CollectorRegistry(), Snapshot)
 
 
-@pytest.fixture
-def http() -> Iterator[httpx.Client]:
-    with httpx.Client(timeout=5) as client:
-        yield client
-
-
 EVIDENCE = {
     "degraded": False,
     "signals": {
@@ -107,10 +99,10 @@ def counter(telemetry: ServiceMetrics, sink: str, outcome: str) -> float:
     return value or 0.0
 
 
-def test_webhook_is_retried_until_delivered(telemetry: ServiceMetrics, http: httpx.Client) -> None:
+def test_webhook_is_retried_until_delivered(telemetry: ServiceMetrics) -> None:
     receiver = Receiver(failures=2)
     try:
-        sink = WebhookSink(receiver.url, http)
+        sink = WebhookSink(receiver.url, timeout=5)
         dispatcher = Dispatcher([sink], telemetry, base_delay=0.01, public_url="https://lldmon.example.org/")
         dispatcher.submit([NOTE])
         assert dispatcher.join(10)
@@ -143,10 +135,10 @@ def test_webhook_is_retried_until_delivered(telemetry: ServiceMetrics, http: htt
     assert counter(telemetry, sink.name, "sent") == 1
 
 
-def test_dead_webhook_gives_up_and_is_counted(telemetry: ServiceMetrics, http: httpx.Client) -> None:
+def test_dead_webhook_gives_up_and_is_counted(telemetry: ServiceMetrics) -> None:
     receiver = Receiver(failures=100)
     try:
-        sink = WebhookSink(receiver.url, http)
+        sink = WebhookSink(receiver.url, timeout=5)
         dispatcher = Dispatcher([sink], telemetry, max_attempts=3, base_delay=0.01)
         dispatcher.submit([NOTE])
         assert dispatcher.join(10)
@@ -157,10 +149,10 @@ def test_dead_webhook_gives_up_and_is_counted(telemetry: ServiceMetrics, http: h
     assert counter(telemetry, sink.name, "failed") == 1
 
 
-def test_slow_sink_never_blocks_submit(telemetry: ServiceMetrics, http: httpx.Client) -> None:
+def test_slow_sink_never_blocks_submit(telemetry: ServiceMetrics) -> None:
     receiver = Receiver(failures=0, delay=0.5)
     try:
-        dispatcher = Dispatcher([SlackSink(receiver.url, http)], telemetry, base_delay=0.01)
+        dispatcher = Dispatcher([SlackSink(receiver.url, timeout=5)], telemetry, base_delay=0.01)
         start = time.perf_counter()
         dispatcher.submit([NOTE, NOTE, NOTE])
         assert time.perf_counter() - start < 0.1

@@ -1,15 +1,14 @@
 """Issue 16 #12: Ctrl-C in `lldmon import` exited 130 without a word and left the run `running` at 4,500
 of 20,000 steps. A real `lldmon import` process gets SIGINT part way through writing (SQLite and
-PostgreSQL through `db_url`)."""
+PostgreSQL through `db_url`): at a point the test holds it at (`paused_import`), so the signal lands
+while writing for sure, whatever the machine's load; no wait is on time."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,9 @@ from sqlalchemy import create_engine, text
 from typer.testing import CliRunner
 
 from monitor.cli import app
+from monitor.import_command import DEFERRED_NOTICE
 from tests.monitor.importers.helpers import write_jsonl
+from tests.monitor.importers.pause_inside_write import PAUSED_LINE, paused_import
 
 EXE = shutil.which("lldmon") or str(Path(sys.executable).parent / "lldmon")
 STEPS = 5_000
@@ -40,19 +41,6 @@ def _run_state(url: str) -> tuple[str | None, int]:
     return status, int(steps)
 
 
-def _lldmon(*args: str) -> subprocess.Popen[str]:
-    """A child with SIGINT at its default disposition, as from a terminal (a shell's `cmd &` would start
-    it with SIGINT ignored)."""
-    return subprocess.Popen(
-        [EXE, *args],
-        env={**os.environ, "COLUMNS": "200"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-
-
 def test_ctrl_c_marks_the_run_failed_and_says_how_to_finish(tmp_path: Path, db_url: str) -> None:
     log = write_jsonl(
         tmp_path / "big.jsonl",
@@ -61,28 +49,30 @@ def test_ctrl_c_marks_the_run_failed_and_says_how_to_finish(tmp_path: Path, db_u
             for s in range(STEPS)
         ],
     )
-    args = ["import", str(log), "--run", "big", "--database-url", db_url]
-    proc = _lldmon(*args, "--chunk-steps", "2")
-    deadline = time.monotonic() + 120
-    while _run_state(db_url)[1] < 100:  # writing has started
-        assert proc.poll() is None, proc.communicate()[0]
-        assert time.monotonic() < deadline, "no steps written in 120 s"
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
-    output = proc.communicate(timeout=60)[0]
-    assert proc.returncode == 130, output
+    args = [str(log), "--run", "big", "--database-url", db_url]
+    with paused_import(*args, "--chunk-steps", "2", pause_chunk=51) as child:
+        child.wait_for(PAUSED_LINE)  # 100 steps written, the 51st chunk being written
+        child.proc.send_signal(signal.SIGINT)  # the child's SIGINT is at its default disposition
+        child.wait_for(DEFERRED_NOTICE)
+        child.release()
+        code, output = child.finish()
+    assert code == 130, output
 
     status, stored = _run_state(db_url)
-    assert status == "failed" and 0 < stored < STEPS, (status, stored)
+    assert (status, stored) == ("failed", 102)
     lines = [line for line in output.splitlines() if "interrupted" in line]
     assert len(lines) == 1 and "Traceback" not in output, output
     line = lines[0]
     assert f"of {STEPS:,} steps" in line and "marked failed" in line and "--replace" in line, line
 
     # As the message says: the same command with --replace imports the whole log and finishes the run.
-    done = _lldmon(*args, "--replace", "--chunk-steps", "500")
-    output = done.communicate(timeout=300)[0]
-    assert done.returncode == 0, output
+    done = subprocess.run(
+        [EXE, "import", *args, "--replace", "--chunk-steps", "500"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
     assert _run_state(db_url) == ("finished", STEPS)
 
 
