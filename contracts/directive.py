@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 DEFAULT_LLDS_LAMBDA: Final = 0.2
-"""LLDS weight lambda ([LLD] Sec. 5.5, lld-reference.md section 4: 0.2; 0.3 for Qwen2.5-7B-Instruct;
+"""LLDS weight lambda ([LLD] Sec. 5.5, docs/science.md section 4: 0.2; 0.3 for Qwen2.5-7B-Instruct;
 0.01 only delays collapse)."""
 
 APPLIED_VERSION_METRIC: Final = "directive/applied_version"

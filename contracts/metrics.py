@@ -1,9 +1,9 @@
 """Canonical metric names: the one vocabulary of hooks, service, database, dashboard and importers.
 
-Sign conventions follow lld-reference.md section 2: D = log pi_new - log pi_old, so D < 0 means
+Sign conventions follow docs/science.md section 2: D = log pi_new - log pi_old, so D < 0 means
 the likelihood of a token/action/trajectory *fell*.
 
-One quantity, one name (lld-reference.md section 2, "Estimators and populations"):
+One quantity, one name (docs/science.md section 2, "Estimators and populations"):
 
 - `lld/delta_*`, `lld/frac_*_decreased_*`: only the exact delta of Def. 4.1, the same rows scored
   right before and right after an optimizer step (a post-update probe).
@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-# --- likelihood displacement (lld-reference.md section 2) ---
+# --- likelihood displacement (docs/science.md section 2) ---
 LOGP_POS: Final = "lld/logp_pos"
 """Mean per-token log-prob under the rollout (old) policy of A>0 responses, action tokens only."""
 LOGP_NEG: Final = "lld/logp_neg"
@@ -99,7 +99,7 @@ ACTION_VALID_RATIO: Final = "action/valid_ratio"
 `episode/valid_action_ratio`); its fall is an invalid-action surge."""
 TURNS_MEAN: Final = "turns/mean"
 
-# --- importance ratios on A>0 tokens (SAPO's drift signature, lld-reference.md section 5) ---
+# --- importance ratios on A>0 tokens (SAPO's drift signature, docs/science.md section 5) ---
 RATIO_POS_MEAN: Final = "ratio/pos_mean"
 RATIO_POS_MIN: Final = "ratio/pos_min"
 RATIO_POS_FRAC_LOW: Final = "ratio/pos_frac_low"

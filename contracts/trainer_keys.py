@@ -2,7 +2,7 @@
 
 Used by the live adapters (`trainer_hooks.trl.map_trl_logs`, `trainer_hooks.verl.map_verl_metrics`)
 *and* the log importers (`monitor.importers`), so a log imported after the run yields what the adapter
-streamed during it. Sources: lld-reference.md section 6 and the real logs in shared/datasets/real_runs.
+streamed during it. Sources: docs/science.md section 6 and the real logs in shared/datasets/real_runs.
 
 One pure function per family maps one step's dict (`{key: value}` as the trainer logs it):
 

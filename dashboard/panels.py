@@ -1,6 +1,6 @@
 """Which metrics the run page plots, panel by panel (canonical names from `contracts.metrics`).
 
-Panels of likelihood metrics say which estimator they show (lld-reference.md section 2): the exact
+Panels of likelihood metrics say which estimator they show (docs/science.md section 2): the exact
 post-update delta (`lld/delta_*`, `lld/frac_*_decreased_*`), the cross-mini-batch proxy seen inside the loss
 (`lld/xmb/*`), the level at rollout (`lld/logp_*`) and the frozen anchor set (`lld/anchor/*`).
 """

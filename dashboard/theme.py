@@ -14,7 +14,7 @@ PHASE_COLORS: Final[dict[str, str]] = {
     COLLAPSE: "#c62828",
     NOT_LEARNING: "#ffb300",
 }
-"""Badge and band colour of each detector phase (lld-reference.md section 3)."""
+"""Badge and band colour of each detector phase (docs/science.md section 3)."""
 
 BANDED_PHASES: Final = (STAGNATION, DECAY, COLLAPSE, NOT_LEARNING)
 """Phases shaded behind the time series (I, II, III, and a run that never learned, in amber)."""

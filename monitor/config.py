@@ -95,7 +95,7 @@ class Settings(BaseSettings):
     )
     sink_max_attempts: int = Field(default=5, gt=0, description="Tries per notification and sink.")
 
-    # Closed loop: what `auto` runs get when they slide (lld-reference.md section 4).
+    # Closed loop: what `auto` runs get when they slide (docs/science.md section 4).
     llds_trigger_phase: Literal["decay", "collapse"] = "decay"
     llds_lambda: float = Field(
         default=DEFAULT_LLDS_LAMBDA, ge=0, description="Paper default (0.3 for Qwen2.5-7B-Instruct)."

@@ -18,6 +18,10 @@ correct responses), and, polled from the API, every phase change, alert and dire
 runs. Ctrl-C stops everything (the subprocesses are terminated). The data directory is kept:
 `lldmon serve --data-dir DIR` shows it again.
 
+When the replay and the training are over, the dashboard stays up until Ctrl-C if the demo runs in a
+terminal (stdin and stdout are TTYs: a person followed the printed link and is looking at it), and
+closes at once otherwise (CI, tests, a pipe), as said when it starts; `keep_serving` decides explicitly.
+
 `monitor` never imports torch or trainer_hooks: the training runs as a separate process, from the
 `examples/` directory of the source checkout (the project installed in editable mode).
 """
@@ -76,7 +80,8 @@ class DemoOptions:
     steps: int | None = None
     """GRPO steps (default: FULL_STEPS, or QUICK_STEPS with `quick`)."""
     quick: bool = False
-    keep_serving: bool = False
+    keep_serving: bool | None = None
+    """Serve the dashboard after the run until Ctrl-C; None: when run in a terminal (`interactive`)."""
     model: str = "tiny"
     replay_seed: int = 7
     replay_speed: float = 250.0
@@ -99,6 +104,12 @@ def examples_script() -> Path:
             "to see the replayed run only."
         )
     return script
+
+
+def interactive() -> bool:
+    """Whether a person runs the demo in a terminal: stdin and stdout are TTYs (not CI, a pipe or a
+    test), so someone is there to open the dashboard and to press Ctrl-C."""
+    return all(stream is not None and stream.isatty() for stream in (sys.stdin, sys.stdout))
 
 
 def missing_training_packages() -> list[str]:
@@ -552,10 +563,13 @@ def run_demo(options: DemoOptions, console: Console) -> int:
     data_dir = data_dir.expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     port = options.port
-    if not _port_free(options.host, port):
+    if port == 0:  # as for `serve`: any free port (printed with the URLs)
+        port = _free_port(options.host)
+    elif not _port_free(options.host, port):
         port = _free_port(options.host)
         console.print(f"[yellow]port {options.port} is taken; using {port}[/yellow]")
 
+    keep_serving = options.keep_serving if options.keep_serving is not None else interactive()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     train_name = f"search-r1-{Path(options.model).name}-{stamp}"
     replay_name = f"replay-collapse-seed{options.replay_seed}-{stamp}"
@@ -582,6 +596,13 @@ def run_demo(options: DemoOptions, console: Console) -> int:
                 f"dashboard:  [bold link={url}/dashboard/]{url}/dashboard/[/bold link={url}/dashboard/]"
             )
             console.print(f"API docs:   [bold]{url}/docs[/bold]   (API under {url}{API_PREFIX})")
+            why = "not a terminal" if options.keep_serving is None else "--no-keep-serving"
+            console.print(
+                "the dashboard stays up after the run; Ctrl-C stops it"
+                if keep_serving
+                else f"the dashboard closes when the run ends ({why}); --keep-serving keeps it up",
+                soft_wrap=True,
+            )
             api = url + API_PREFIX
             replay = Replay(api, replay_name, options.replay_seed, options.replay_speed, options.replay_batch)
             replay.start()
@@ -638,13 +659,22 @@ def run_demo(options: DemoOptions, console: Console) -> int:
                     console.print(
                         f"[red]training exited with {training.returncode}[/red]:\n{escape(training.output())}"
                     )
-                if options.keep_serving:
+                done = "replay" if training is None else "replay and training"
+                if keep_serving:
                     serving = True
-                    console.print(f"serving on [bold]{url}/dashboard/[/bold] until Ctrl-C")
+                    console.print(
+                        f"{done} done; the dashboard stays at [bold]{url}/dashboard/[/bold] until Ctrl-C",
+                        soft_wrap=True,
+                    )
                     while server.proc is not None and server.proc.poll() is None:
                         time.sleep(1.0)
                     console.print(f"[red]the server exited[/red]:\n{escape(server.output())}")
                     return 1
+                console.print(
+                    f"{done} done; the dashboard at {url}/dashboard/ closes now "
+                    "(--keep-serving keeps it up until Ctrl-C)",
+                    soft_wrap=True,
+                )
                 return 1 if failed or (replay.error is not None) else 0
         except KeyboardInterrupt:
             interrupted = True

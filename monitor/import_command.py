@@ -15,6 +15,7 @@ became of the run: marked `failed` if the import started it, its status kept oth
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -57,6 +58,7 @@ DEFERRED_NOTICE: Final = "Ctrl-C: stopping after the chunk being written (press 
 class ImportOptions:
     paths: Sequence[Path]
     run: str
+    """Empty: the name the log records for its run (a lab fixture's header), see `named`."""
     project: str | None = None
     fmt: str = "auto"
     strict: bool = False
@@ -126,6 +128,7 @@ def run_import(options: ImportOptions, console: Console, open_state: Callable[[]
     if isinstance(read, int):
         return read
     log, fmt, files = read
+    options = named(options, log)
     from monitor.services.importing import ImportFailed, ImportInterrupted
 
     try:
@@ -161,12 +164,21 @@ def run_import(options: ImportOptions, console: Console, open_state: Callable[[]
 def read_input(options: ImportOptions, console: Console) -> tuple[Any, str, list[Path]] | int:
     """Parse the input completely before anything is written: (log, format, files), or the exit code
     after a one-line error."""
-    from monitor.importers import LogImportError, MalformedLog, input_files, load_log, resolve_format
+    from monitor.importers import (
+        NAMING_FORMATS,
+        LogImportError,
+        MalformedLog,
+        input_files,
+        load_log,
+        resolve_format,
+    )
 
     if options.append and options.replace:
         return _fail(console, "--append and --replace exclude each other", EXIT_USAGE)
     try:
         fmt = resolve_format(list(options.paths), options.fmt)
+        if not options.run and fmt not in NAMING_FORMATS:
+            return _fail(console, f"--run NAME is needed: a {fmt} log does not name its run", EXIT_USAGE)
         files = input_files(options.paths, fmt)
         total = sum(os.path.getsize(f) for f in files if os.path.isfile(f))
         with _bytes_progress(console, total, f"reading {len(files)} file(s) ({fmt})") as advance:
@@ -196,7 +208,14 @@ def read_input(options: ImportOptions, console: Console) -> tuple[Any, str, list
         console.print(f"{len(log.diagnostics)} malformed line(s) skipped (--strict to stop at the first)")
     if log.n_points == 0:
         return _fail(console, "no metric values found in the input: nothing to import", EXIT_USAGE)
+    if not options.run and not log.run_name:
+        return _fail(console, f"--run NAME is needed: the {fmt} file(s) name no single run", EXIT_USAGE)
     return log, fmt, [Path(f) for f in files]
+
+
+def named(options: ImportOptions, log: Any) -> ImportOptions:
+    """The options with the run's name: `--run`, else the one the log records (`read_input` checked)."""
+    return options if options.run else dataclasses.replace(options, run=log.run_name)
 
 
 def _stopped(what: str, stop: Any, console: Console) -> None:
@@ -242,7 +261,7 @@ def _write(options: ImportOptions, log: Any, fmt: str, n_files: int, state: Any,
             chunk_steps=options.chunk_steps or DEFAULT_CHUNK_STEPS,
             on_steps=written,
         )
-    summary(result, fmt, n_files, console)
+    summary(result, fmt, n_files, console, state.query.summary(Principal(), result.run.id))
     return 0
 
 
@@ -253,8 +272,12 @@ def steps_progress(console: Console) -> Progress:
     )
 
 
-def summary(result: Any, fmt: str, n_files: int, console: Console) -> None:
-    run = result.run
+def summary(result: Any, fmt: str, n_files: int, console: Console, held: Any) -> None:
+    """What was imported, then what the run holds after it (`held`, its RunSummary read after the import):
+    its phases and alerts, not only those this import recorded, since importing the same steps again
+    (--append, or `--url` with the same files) records nothing new for a run that has both. When the run
+    had phase changes or alerts before, the heading says how many of them this import recorded."""
+    run = held.run
     canonical = [m for m in result.metrics if m in M.CANONICAL_METRICS]
     console.print(
         f"imported {result.steps} steps ({result.first_step}-{result.last_step}), {result.points} values of "
@@ -262,28 +285,43 @@ def summary(result: Any, fmt: str, n_files: int, console: Console) -> None:
         f"{escape(run.name)!r} of project {escape(run.project)!r}"
         f" ({'new run' if result.created else 'existing run'}, {run.status})",
         highlight=False,
+        soft_wrap=True,
     )
     console.print(f"canonical metrics: {', '.join(canonical) or 'none'}", highlight=False)
-    if result.phases:
-        console.print("phases:")
-        if result.phases[0].previous_phase == "warmup":  # the state every run starts in: no event
-            console.print(f"  {'warmup':<11} from step {result.first_step}", highlight=False)
-        for event in result.phases:
+    phases = held.phases
+    if phases:
+        console.print(
+            _heading("phases", len(result.phases), len(phases), "changes recorded"), highlight=False
+        )
+        if phases[0].previous_phase == "warmup":  # the state every run starts in: no event
+            first = held.first_step if held.first_step is not None else result.first_step
+            console.print(f"  {'warmup':<11} from step {first}", highlight=False)
+        for event in phases:
             console.print(f"  {event.phase:<11} from step {event.step}", highlight=False)
     else:
         console.print("phases: none recorded")
     console.print(f"current phase: {run.phase or 'none'}", highlight=False)
-    if not result.alerts:
+    if not held.alerts:
         console.print("alerts: none")
         return
-    console.print("alerts:")
-    for a in result.alerts:
+    console.print(
+        _heading("alerts", len(result.alerts), len(held.alerts), "opened or updated"), highlight=False
+    )
+    for a in held.alerts:
         console.print(
             f"  #{a.id} {a.severity} {a.kind} ({a.status}) steps {a.first_step}-{a.last_step}: "
             f"{escape(a.message)}",
             highlight=False,
             soft_wrap=True,
         )
+
+
+def _heading(what: str, new: int, held: int, verb: str) -> str:
+    """`phases:` when the import recorded all the run holds, else `phases (1 of 3 changes recorded by
+    this import):`."""
+    if new >= held:
+        return f"{what}:"
+    return f"{what} ({new or 'none'} of {held} {verb} by this import):"
 
 
 @contextmanager

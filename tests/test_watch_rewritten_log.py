@@ -62,7 +62,7 @@ def test_copytruncate_while_down_reads_the_new_content_from_its_start(
         handle.write(lines_of(range(30, 35)))
     copytruncate(log, tmp_path / "metrics.jsonl.1", lines_of(range(100, 160)))
     out = finished(watch(server, log, "copytruncate", state, "--until-idle", "1.5"))
-    assert "invalid JSON" not in out and "rewritten" in out, out
+    assert "invalid JSON" not in out, out
     series = series_by_step(server, "copytruncate")
     steps = [*range(35), *range(100, 160)]
     assert list(series[M.REWARD_MEAN]) == steps

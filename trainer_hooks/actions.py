@@ -1,6 +1,6 @@
 """Action segmentation: an action is a maximal run of loss-mask == 1 tokens inside one row.
 
-Tool feedback and padding have mask 0 (lld-reference.md section 1), so the runs between them are
+Tool feedback and padding have mask 0 (docs/science.md section 1), so the runs between them are
 the model's actions y_0, y_1, ..., y_T. Everything here is vectorised over (batch, tokens).
 """
 

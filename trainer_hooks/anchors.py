@@ -1,6 +1,6 @@
 """The anchor set: K correct responses frozen when first seen and re-scored every N steps.
 
-lld-reference.md section 2 ("anchor set"): [LLD] Fig. 2 plots the mean per-token log-prob of correct
+docs/science.md section 2 ("anchor set"): [LLD] Fig. 2 plots the mean per-token log-prob of correct
 responses, but the correct responses of each step are new samples, so that curve mixes a change of
 policy with a change of population. The anchor set removes the second: the first K correct responses
 (reward >= success threshold) are frozen, and every N optimizer steps the trainer re-scores exactly

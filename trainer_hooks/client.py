@@ -58,6 +58,7 @@ from contracts.directive import DEFAULT_LLDS_LAMBDA as DEFAULT_LLDS_LAMBDA  # re
 from contracts.directive import Directive, Levers, LeverTracker, LLDSDirective, parse_directive
 from contracts.spool import Outcome, RunIdentity, SpoolEntry
 from contracts.wire import API_PREFIX, DEFAULT_PROJECT, encode_json
+from trainer_hooks._announce import is_rank_zero, say_once, unset_note
 from trainer_hooks._batching import Batch, Kind, Record, build_bodies, dumps
 from trainer_hooks._transport import HttpSession, Reply, RetryPolicy
 from trainer_hooks._warn import WarnOnce, logger
@@ -90,10 +91,6 @@ class ClientStats:
     """log() / log_actions() calls accepted."""
 
 
-def _auto_enabled() -> bool:
-    return all(os.environ.get(var, "0").strip() in ("", "0") for var in ("RANK", "LOCAL_RANK"))
-
-
 def _path_part(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", name).strip(".") or "_"
 
@@ -110,14 +107,34 @@ def _json_safe(value: Mapping[str, Any] | None) -> dict[str, Any]:
     return result if isinstance(result, dict) else {}
 
 
-def normalize_url(url: str) -> str:
-    """The service's base URL: "http(s)://host[:port][/prefix]", without a trailing "/api/v1".
+def _did_you_mean(url: str) -> str:
+    return f" (did you mean {url!r}?)"
 
-    Raises ValueError naming the problem: a URL the client cannot reach would otherwise be retried
-    in the background for the whole run while every batch piles up in the spool.
+
+def _origin(parts: urllib.parse.SplitResult) -> str:
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, "", "", ""))
+
+
+def normalize_url(url: str) -> str:
+    """The service's base URL: "http(s)://host[:port]", without a trailing "/api/v1".
+
+    The only path accepted is the API's own, "/api/v1" (behind a proxy that serves the service under
+    a prefix: "<prefix>/api/v1", kept as the base "<prefix>"). Any other path is a page of the service,
+    not its base: the dashboard URL the demo prints would send every batch to a 405 and into the
+    spool for the whole run.
+
+    Raises ValueError naming the problem and, where the intended URL is plain, suggesting it: a URL
+    the client cannot reach would otherwise be retried in the background for the whole run while
+    every batch piles up in the spool.
     """
     text = str(url).strip()
-    hint = f" (did you mean 'http://{text}'?)" if text and "://" not in text else ""
+    hint = ""
+    if text and "://" not in text:
+        hint = _did_you_mean(f"http://{text}")
+        with contextlib.suppress(ValueError):
+            guess = urllib.parse.urlsplit(f"http://{text}")
+            if guess.hostname:
+                hint = _did_you_mean(_origin(guess))
     try:
         parts = urllib.parse.urlsplit(text)
         parts.port  # noqa: B018 - raises ValueError for a port that is not a number in 0-65535
@@ -126,10 +143,17 @@ def normalize_url(url: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"lldmon URL must look like http://host:port, got {url!r}{hint}")
     if parts.query or parts.fragment:
-        raise ValueError(f"lldmon URL must not have a query or fragment, got {url!r}")
+        raise ValueError(
+            f"lldmon URL must not have a query or fragment, got {url!r}{_did_you_mean(_origin(parts))}"
+        )
     path = parts.path.rstrip("/")
     if path.endswith(API_PREFIX):
         path = path[: -len(API_PREFIX)].rstrip("/")
+    elif path:
+        raise ValueError(
+            f"lldmon URL must look like http://host:port, without a path, got {url!r}"
+            f"{_did_you_mean(_origin(parts))}"
+        )
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
@@ -178,8 +202,10 @@ class MonitorClient:
         transport: httpx.BaseTransport | None = None,
         retry: RetryPolicy | None = None,
         heartbeat_interval: float = 60.0,
+        _url_note: str = "",
     ) -> None:
         self._warn = WarnOnce()
+        self._url_note = _url_note
         self.url = normalize_url(url)
         self.identity = RunIdentity(
             run_name=str(run_name),
@@ -192,7 +218,7 @@ class MonitorClient:
                 DEFAULT_SPOOL_ROOT / _path_part(project or DEFAULT_PROJECT) / _path_part(str(run_name))
             )
         self.spool_dir = Path(spool_dir).expanduser()
-        self.enabled = _auto_enabled() if enabled is None else bool(enabled)
+        self.enabled = is_rank_zero() if enabled is None else bool(enabled)
         self._token = token
         self._timeout = float(timeout)
         self._transport = transport
@@ -230,9 +256,12 @@ class MonitorClient:
         self._down_streak = 0
         self._spool_pending = False
         self._spool_writes = 0  # entries written so far (any thread), to notice writes during a replay
+        self._auth_refused = False  # the service answered 401/403: `lldmon sync` needs a token
 
         self._thread: threading.Thread | None = None
         if not self.enabled:
+            if enabled is not None and is_rank_zero():  # forced off; other ranks never say anything
+                say_once(("off", "enabled=False"), "lldmon: monitoring off: MonitorClient(enabled=False)")
             return
         with contextlib.suppress(OSError):  # the run is running (again): an old final status is void
             spool.remove_finish(self.spool_dir, self.identity)
@@ -244,6 +273,7 @@ class MonitorClient:
             self._thread = None
             self.enabled = False
             self._warn("start", "lldmon: client disabled, cannot start its thread: %s", exc)
+            say_once(("off", "thread"), f"lldmon: monitoring off: the client cannot start its thread ({exc})")
 
     @classmethod
     def from_env(
@@ -260,10 +290,14 @@ class MonitorClient:
         `LLDMON_URL` (default "http://127.0.0.1:8000"), `LLDMON_TOKEN`, `LLDMON_PROJECT` and
         `LLDMON_RUN` fill what the arguments leave unset (an argument wins over the environment).
         Without any run name the run is called "run-<UTC time>-<pid>". Other keyword arguments go to
-        the constructor.
+        the constructor. Without `LLDMON_URL` the start line says the default URL is used, naming a
+        variable that looks like a misspelling of it (`LLDMON_ULR`, `lldmon_url`, ...).
         """
         env = os.environ if environ is None else environ
-        url = env.get("LLDMON_URL", "").strip() or "http://127.0.0.1:8000"
+        url = env.get("LLDMON_URL", "").strip()
+        if not url:
+            url = "http://127.0.0.1:8000"
+            kwargs.setdefault("_url_note", f"; {unset_note('LLDMON_URL', env)}: using the default {url}")
         try:
             url = normalize_url(url)
         except ValueError as exc:
@@ -462,7 +496,7 @@ class MonitorClient:
                 self.spool_dir,
                 self.spool_dir,
                 self.url,
-                " --token <token>" if self._token else "",
+                " --token $LLDMON_TOKEN" if self._token or self._auth_refused else "",
             )
 
     def _spool_leftovers(self) -> None:
@@ -745,8 +779,12 @@ class MonitorClient:
             self._adopt_limit(reply.body_limit)
             self._mark_up()
             if run.key == self.identity.key:
+                self._announce(run_id, "")
                 self._fetch_directive(run_id)
             return run_id
+        self._note_auth(reply)
+        if run.key == self.identity.key:
+            self._announce(None, self._failure(reply))
         if reply.outcome == "reject" or reply.status in (401, 403):
             self._warn(
                 ("register", reply.status, reply.error_code),
@@ -759,6 +797,31 @@ class MonitorClient:
         else:
             self._mark_down(reply.error or f"HTTP {reply.status}")
         return None
+
+    def _announce(self, run_id: int | None, failure: str) -> None:
+        """The start line (`trainer_hooks._announce`): registered (id and dashboard page), or on with
+        spooling and why not registered; printed by the first registration attempt only."""
+        name = self.identity.run_name
+        if run_id is not None:
+            line = f"lldmon: monitoring on: run {name!r} (id {run_id}), dashboard {self.url}/dashboard/run/{run_id}"
+        else:
+            line = (
+                f"lldmon: monitoring on, but run {name!r} is not registered yet ({failure}): "
+                f"spooling to {self.spool_dir} and retrying in the background"
+            )
+        say_once(("on", self.url, self.identity.key), line + self._url_note)
+
+    def _failure(self, reply: Reply) -> str:
+        """Why a request failed, on one short line."""
+        if reply.status is None:
+            return f"{self.url} did not answer: {reply.error}"
+        error = " ".join(reply.error.split())
+        error = error if len(error) <= 160 else error[:157] + "..."
+        return f"{self.url} answered HTTP {reply.status}" + (f": {error}" if error else "")
+
+    def _note_auth(self, reply: Reply) -> None:
+        if reply.status in (401, 403):
+            self._auth_refused = True
 
     def _fetch_directive(self, run_id: int) -> None:
         assert self._session is not None
@@ -802,6 +865,7 @@ class MonitorClient:
         """A kept-for-later answer: remember why, and back off."""
         if reply.status == 404:  # the run is unknown to the service (e.g. a new database)
             self._run_ids.pop(run.key, None)
+        self._note_auth(reply)
         self._mark_down(reply.error or f"HTTP {reply.status}", long=not reply.transient)
 
     def _send_live(self, batch: Batch, raw: bytes) -> None:

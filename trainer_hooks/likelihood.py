@@ -3,7 +3,7 @@
 Pure torch and fully vectorised over (batch, tokens): no Python loop over tokens, actions or
 responses, and a constant number of host syncs per call (independent of B and T).
 
-Sign convention (lld-reference.md section 2, [LLD] Def. 4.1): D = log pi_new - log pi_old per token,
+Sign convention (docs/science.md section 2, [LLD] Def. 4.1): D = log pi_new - log pi_old per token,
 summed per action (D_action) and per trajectory (D_traj); **D < 0 means the likelihood fell**.
 An action is a maximal run of mask == 1 tokens inside one row (`trainer_hooks.actions`).
 All per-token work runs on the compact list of the N mask tokens, per-action work on the K actions.
@@ -16,7 +16,7 @@ Populations (decisions where the contract is silent):
 - "correct" responses (only with `rewards` and `success_threshold`) are those with reward >=
   `success_threshold` and at least one mask token; a NaN reward is not correct. Unlike "pos", this
   population does not shrink when groups become all-correct (A = 0), so `lld/logp_correct` is the
-  curve of [LLD] Fig. 2 (lld-reference.md section 2).
+  curve of [LLD] Fig. 2 (docs/science.md section 2).
 - The advantage mass ratio is per *token* ([CalibAdv]): every loss-mask token carries its advantage
   ((B,) advantages are broadcast over the row, (B, T) ones are read per token), so responses weigh
   by their length. Per response it would be identically 1 in GRPO.

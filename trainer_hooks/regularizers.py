@@ -2,9 +2,9 @@
 
 Pure torch and fully vectorised over (batch, tokens): no Python loop over tokens, actions or
 responses. Both losses are meant to be *added* to the policy loss by the caller, scaled by its own
-coefficient (LLDS: lambda = 0.2, 0.3 for Qwen2.5-7B-Instruct; lld-reference.md section 4).
+coefficient (LLDS: lambda = 0.2, 0.3 for Qwen2.5-7B-Instruct; docs/science.md section 4).
 
-Sign convention (lld-reference.md section 4, opposite to the monitoring D): the token change is
+Sign convention (docs/science.md section 4, opposite to the monitoring D): the token change is
 d = log pi_old - log pi_theta, so **d > 0 means the token's likelihood fell**. `old_logp` is treated
 as a constant (detached); the gradient flows only through `logp`, and every gate or selection is
 computed without gradient.
@@ -321,7 +321,8 @@ def sapo_kl_loss(
     threshold: float,
     normalize: Normalize = "preserving_tokens",
 ) -> tuple[Tensor, SAPOStats]:
-    """SAPO's one-line term: pull up positive tokens whose ratio drifted down ([SAPO], lld-ref. sec. 5).
+    """SAPO's one-line term: pull up positive tokens whose ratio drifted down ([SAPO], docs/science.md
+    section 5).
 
     On mask tokens of A >= 0 responses whose ratio r = pi_theta / pi_old <= `threshold`, add
     -log r = log pi_old - log pi_theta; the sum is divided by "preserving_tokens" (default: the mask

@@ -47,11 +47,67 @@ def layout(refresh_ms: int = REFRESH_MS) -> Component:
 COLUMNS = ("run", "project", "status", "phase", "last step", "last seen", "open alerts", "tags")
 
 
-def table(rows: Sequence[RunRow], path_for: PathFor) -> Component:
+DEFAULT_SERVER_URL = "http://127.0.0.1:8000"
+
+
+def first_run_help(server_url: str | None = None) -> Component:
+    """What a dashboard with no runs shows: the ways a first run gets here, with this server's address
+    (the API's base URL, never the dashboard's: a client given `/dashboard/` is refused)."""
+    url = (server_url or DEFAULT_SERVER_URL).rstrip("/")
+    trl = (
+        "from trainer_hooks.trl import MonitoredGRPOTrainer   # in place of trl.GRPOTrainer\n"
+        'trainer = MonitoredGRPOTrainer(model=..., reward_funcs=..., args=GRPOConfig(run_name="my-run"), ...)\n'
+        "trainer.train()"
+    )
+    loop = (
+        "from trainer_hooks.client import MonitorClient\n"
+        f'client = MonitorClient("{url}", "my-run")\n'
+        'client.log(step, {"reward/mean": reward})   # every step; client.close() at the end'
+    )
+    return html.Div(
+        [
+            html.P("No runs yet. A first run gets here in one of these ways:"),
+            html.Ul(
+                [
+                    html.Li(
+                        [
+                            "a TRL GRPO job: ",
+                            html.Code(f"LLDMON_URL={url}"),
+                            " in its environment, and three lines:",
+                            html.Pre(trl, className="evidence"),
+                        ]
+                    ),
+                    html.Li(
+                        ["any training loop, through MonitorClient:", html.Pre(loop, className="evidence")]
+                    ),
+                    html.Li(
+                        [
+                            html.Code("lldmon demo"),
+                            ": a replayed collapse and a real GRPO training on CPU (its own server)",
+                        ]
+                    ),
+                    html.Li(
+                        [
+                            html.Code(f"lldmon import run.jsonl --run my-run --url {url}"),
+                            ": a training log you already have (TRL, verl, JSONL, CSV, TensorBoard)",
+                        ]
+                    ),
+                ]
+            ),
+        ],
+        id="runs-empty",
+    )
+
+
+def table(
+    rows: Sequence[RunRow], path_for: PathFor, *, filtered: bool = False, server_url: str | None = None
+) -> Component:
+    """The runs table; with no rows, why: nothing matches the filters (`filtered`), or no run exists yet
+    (how to get one, addressed to `server_url`)."""
     if not rows:
-        return html.P(
-            "No runs match. Register one with POST /api/v1/runs.", className="muted", id="runs-empty"
-        )
+        if filtered:
+            return html.P("No runs match these filters.", className="muted", id="runs-empty")
+        return first_run_help(server_url)
     body = [
         html.Tr(
             [

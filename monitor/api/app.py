@@ -84,6 +84,7 @@ def create_app(
     app.include_router(ops.router)
 
     mounted = mount_extensions(app, state)
+    app.state.mounted = mounted  # the UI paths, for `serve` to announce with its URL
 
     @app.get("/", include_in_schema=False)
     def root() -> RedirectResponse:

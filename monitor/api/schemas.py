@@ -134,7 +134,7 @@ class RunOut(BaseModel):
 
 class LLDSState(BaseModel):
     enabled: bool
-    lam: float = Field(description="LLDS weight lambda (lld-reference.md section 4).")
+    lam: float = Field(description="LLDS weight lambda (docs/science.md section 4).")
 
 
 class DirectiveOut(BaseModel):

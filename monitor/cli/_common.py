@@ -9,12 +9,33 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 
 from monitor.text import printable
 
-console = Console()
+PIPE_WIDTH = 1 << 16
+"""The console's width when stdout is not a terminal: wide enough that no table cell is cut and no line
+is wrapped."""
+
+
+class CliConsole(Console):
+    """rich's Console, except that when stdout is not a terminal (a pipe, a file, a CI log) its width is
+    `PIPE_WIDTH` whatever the terminal or COLUMNS say: table cells print whole (a run name can be grepped
+    for) and messages and hints stay on one line (a command in a hint can be copied). In a terminal it
+    fits the terminal as rich does."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        return size if self.is_terminal else ConsoleDimensions(PIPE_WIDTH, size.height)
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        self._width, self._height = new_size
+
+
+console = CliConsole()
 
 
 def shown(text: object) -> str:

@@ -16,14 +16,20 @@ def demo(
         typer.Option("--data-dir", help="SQLite, logs and training output (default: a new temp dir)."),
     ] = None,
     host: Annotated[str, typer.Option()] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="A free one is used if this is taken.")] = 8000,
+    port: Annotated[int, typer.Option(help="0, or taken: a free one is used.")] = 8000,
     steps: Annotated[int | None, typer.Option(help="GRPO steps (default 150; --quick: 6).")] = None,
     quick: Annotated[
         bool, typer.Option(help="Short run (smoke test): 6 GRPO steps after the warm-up.")
     ] = False,
     keep_serving: Annotated[
-        bool, typer.Option(help="Keep the service up after the run, until Ctrl-C.")
-    ] = False,
+        bool | None,
+        typer.Option(
+            "--keep-serving/--no-keep-serving",
+            help="Keep the dashboard up after the run, until Ctrl-C "
+            "(default: when run in a terminal; closes at once in CI or a pipe).",
+            show_default=False,
+        ),
+    ] = None,
     model: Annotated[
         str, typer.Option(help="tiny (built in code), smollm2, a .gguf, a dir or HF id.")
     ] = "tiny",

@@ -187,13 +187,14 @@ def _reported(path: Path) -> Iterator[None]:
 
 def _remote_actions(state: Any, run_id: int) -> Any:
     """`GET /runs/{id}/actions` as an `ActionReader` (the API's columns; floats decoded later)."""
+    from monitor.cli.remote import api_object
 
     def read(step_min: int | None, step_max: int | None, source: str | None, limit: int, after: Any) -> Any:
         params = {"step_min": step_min, "step_max": step_max, "source": source, "limit": limit}
         if after is not None:  # a contracts.action_pages.ActionCursor: read on after that record
             params |= {f"after_{name}": value for name, value in after._asdict().items()}
         query = {k: v for k, v in params.items() if v is not None}
-        return state.api.json("GET", f"/runs/{run_id}/actions", params=query)
+        return state.api.json("GET", f"/runs/{run_id}/actions", params=query, decode=api_object)
 
     return read
 

@@ -14,14 +14,22 @@ def import_logs(
     paths: Annotated[
         list[Path], typer.Argument(help="Log files of one run, in the order written (a later file wins).")
     ],
-    run: Annotated[str, typer.Option("--run", help="Run name (created if missing).")],
+    run: Annotated[
+        str | None,
+        typer.Option(
+            "--run",
+            help="Run name (created if missing); needed unless the log names its run (lab-fixture: its "
+            "header's name).",
+        ),
+    ] = None,
     project: Annotated[str | None, typer.Option(help="Project (default: default).")] = None,
     fmt: Annotated[
         str,
         typer.Option(
             "--format",
-            help="auto, verl-jsonl, verl-console, trl-log, trl-state, wandb-csv, csv, ms-swift, tensorboard "
-            "or lldmon (what lldmon export writes; auto finds it for Parquet).",
+            help="auto, verl-jsonl, verl-console, trl-log, trl-state, wandb-csv, csv, ms-swift, tensorboard, "
+            "lldmon (what lldmon export writes; auto finds it for Parquet) or lab-fixture (the recorded "
+            "runs of tests/fixtures/lab). Gzip-compressed text logs are read as they are.",
         ),
     ] = "auto",
     strict: Annotated[bool, typer.Option(help="Fail on the first malformed line; write nothing.")] = False,
@@ -59,7 +67,7 @@ def import_logs(
 
     options = ImportOptions(
         paths=paths,
-        run=run,
+        run=run or "",
         project=project,
         fmt=fmt,
         strict=strict,

@@ -6,13 +6,19 @@ prints the same output for the same run. The bearer token decides the project sc
 enforces it). HTTP errors come back as the domain errors the service raised (404 -> NotFound, 422 ->
 InvalidInput, ...), so the commands turn them into the same one-line messages and exit codes as
 locally; an unreachable service is a ServiceUnavailable naming the URL.
+
+Every answer is decoded in one place, `Api.decoded`: the lldmon API answers JSON of known shapes, errors
+included, so an answer that is not JSON (an HTML page, a proxy's error page, an empty body) or JSON of
+another shape means the URL is not an lldmon API (a dashboard URL, another server on the port): a
+`NotAnApi` naming the URL and where the API would be, which the commands print as one line (exit 1).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, TypeVar, overload
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -53,6 +59,19 @@ _ERRORS: Final[dict[int, type[LLDMonError]]] = {
 }
 
 
+class NotAnApi(LLDMonError):
+    """The URL answered, but not as an lldmon API does (not JSON, or JSON of another shape)."""
+
+    status_code = 502
+    code = "not_an_api"
+
+
+T = TypeVar("T")
+
+_SHAPE_ERRORS: Final = (KeyError, TypeError, ValueError, AttributeError, IndexError)
+"""What a decoder raises on JSON of another shape (a missing key, a list where an object should be)."""
+
+
 def api_base(url: str) -> str:
     """`http://host:8000`, with or without a trailing slash or `/api/v1`, as the API's base URL."""
     return url.strip().rstrip("/").removesuffix(API_PREFIX) + API_PREFIX
@@ -68,6 +87,7 @@ class Api:
         timeout: float = DEFAULT_TIMEOUT,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        self.url = url.strip()
         self.base_url = api_base(url)
         headers = {"authorization": f"Bearer {token}"} if token else {}
         self.has_token = bool(token)
@@ -90,6 +110,8 @@ class Api:
         """`response` if it is a success, else the domain error its status and body name."""
         if response.is_success:
             return response
+        if _json_body(response) is None:  # the API's errors are JSON too: this is another server
+            raise self.not_an_api(response, _kind(response))
         message, field = _error_of(response)
         if response.status_code == 401:
             message += " (pass --token or set LLDMON_TOKEN)" if not self.has_token else " (check --token)"
@@ -98,8 +120,91 @@ class Api:
             message = f"HTTP {response.status_code} from {self.base_url}: {message}"
         raise error(message, field=field)
 
-    def json(self, method: str, path: str, **kwargs: Any) -> Any:
-        return self.response(method, path, **kwargs).json()
+    @overload
+    def json(self, method: str, path: str, decode: Callable[[Any], T], **kwargs: Any) -> T: ...
+    @overload
+    def json(self, method: str, path: str, decode: None = None, **kwargs: Any) -> Any: ...
+    def json(self, method: str, path: str, decode: Callable[[Any], Any] | None = None, **kwargs: Any) -> Any:
+        """The decoded body of a successful answer (`decode(body)`, or the body as parsed)."""
+        return self.decoded(self.response(method, path, **kwargs), decode)
+
+    @overload
+    def decoded(self, response: httpx.Response, decode: Callable[[Any], T]) -> T: ...
+    @overload
+    def decoded(self, response: httpx.Response, decode: None = None) -> Any: ...
+    def decoded(self, response: httpx.Response, decode: Callable[[Any], Any] | None = None) -> Any:
+        """`decode` applied to the JSON body of a successful `response`; an error status, a body that is
+        not JSON or JSON that `decode` cannot read (another server's shapes) raises an LLDMonError."""
+        self.check(response)
+        body = _json_body(response)
+        if body is None:
+            raise self.not_an_api(response, _kind(response))
+        try:
+            return body if decode is None else decode(body)
+        except _SHAPE_ERRORS as exc:
+            raise self.not_an_api(response, f"JSON without {_missing(exc)}") from None
+
+    def not_an_api(self, response: httpx.Response, kind: str) -> NotAnApi:
+        """One line: which URL answered what, and where the API would be."""
+        parts = urlsplit(self.base_url)
+        origin = f"{parts.scheme}://{parts.netloc}"
+        api = origin + API_PREFIX
+        request = response.request
+        asked = f"{request.method} {request.url.path}"
+        if self.base_url != api:  # a path before /api/v1: the dashboard's URL, a proxy prefix
+            hint = f"the API is at {api} (--url {origin})"
+        else:
+            hint = f"is an lldmon service (`lldmon serve`) listening at {origin}?"
+        return NotAnApi(
+            f"{self.url} did not answer as an lldmon API ({kind}, HTTP {response.status_code} to "
+            f"{asked}); {hint}"
+        )
+
+
+def _json_body(response: httpx.Response) -> Any:
+    """The parsed JSON body, or None if the body is not JSON (JSON `null` is no API answer either)."""
+    try:
+        return response.json()
+    except ValueError:  # json.JSONDecodeError, UnicodeDecodeError
+        return None
+
+
+def _kind(response: httpx.Response) -> str:
+    """What a non-JSON answer was, in a word or two: HTML, text/plain, an empty body, malformed JSON."""
+    media = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if not response.content:
+        return "an empty body"
+    if media in ("text/html", "application/xhtml+xml"):
+        return "HTML"
+    if media == "application/json" or media.endswith("+json"):
+        return "malformed JSON"
+    return media or "a body without a content type"
+
+
+def _missing(exc: BaseException) -> str:
+    """What a decoder missed: `the key 'id'` or the type error's words."""
+    if isinstance(exc, KeyError):
+        return f"the key {exc.args[0]!r}" if exc.args else "an expected key"
+    return f"the expected shape: {type(exc).__name__}: {exc}"[:200]
+
+
+def _list_of(decode: Callable[[Any], Any]) -> Callable[[Any], list[Any]]:
+    """A decoder of a JSON array whose items `decode` reads (an object where a list belongs is a
+    TypeError, not an empty list)."""
+
+    def decoded(body: Any) -> list[Any]:
+        if not isinstance(body, list):
+            raise TypeError(f"an array was expected, not {type(body).__name__}")
+        return [decode(item) for item in body]
+
+    return decoded
+
+
+def api_object(body: Any) -> dict[str, Any]:
+    """A JSON object, as is (a decoder for answers the caller reads itself)."""
+    if not isinstance(body, dict):
+        raise TypeError(f"an object was expected, not {type(body).__name__}")
+    return body
 
 
 def _error_of(response: httpx.Response) -> tuple[str, str | None]:
@@ -220,14 +325,14 @@ class RemoteRuns:
             "limit": query.limit,
             "offset": query.offset,
         }
-        page = self.api.json("GET", "/runs", params={k: v for k, v in params.items() if v is not None})
-        return [run_of(r) for r in page]
+        params = {k: v for k, v in params.items() if v is not None}
+        return self.api.json("GET", "/runs", params=params, decode=_list_of(run_of))
 
     def get(self, principal: Principal, run_id: int) -> RunInfo:
-        return run_of(self.api.json("GET", f"/runs/{run_id}"))
+        return self.api.json("GET", f"/runs/{run_id}", decode=run_of)
 
     def set_policy(self, principal: Principal, run_id: int, policy: str) -> RunInfo:
-        return run_of(self.api.json("PUT", f"/runs/{run_id}/policy", json={"policy": policy}))
+        return self.api.json("PUT", f"/runs/{run_id}/policy", json={"policy": policy}, decode=run_of)
 
 
 class RemoteQuery:
@@ -236,19 +341,24 @@ class RemoteQuery:
         self.runs = runs
 
     def metric_names(self, principal: Principal, run_id: int) -> list[MetricSummary]:
-        rows = self.api.json("GET", f"/runs/{run_id}/metric-names")
-        return [MetricSummary(r["name"], r["points"], r["first_step"], r["last_step"]) for r in rows]
+        def metric(r: dict[str, Any]) -> MetricSummary:
+            return MetricSummary(r["name"], r["points"], r["first_step"], r["last_step"])
+
+        return self.api.json("GET", f"/runs/{run_id}/metric-names", decode=_list_of(metric))
 
     def history(
         self, principal: Principal, run_id: int, names: Sequence[str] | None, *_: Any, **__: Any
     ) -> list[Series]:
         """Every stored point of `names` (all if None), NaN and inf decoded."""
         params = {"names": list(names)} if names else {}
-        body = self.api.json("GET", f"/runs/{run_id}/metrics", params=params)
-        return [
-            Series(name, list(s["steps"]), [decode_float(v) for v in s["values"]])
-            for name, s in body["series"].items()
-        ]
+
+        def series(body: dict[str, Any]) -> list[Series]:
+            return [
+                Series(name, list(s["steps"]), [decode_float(v) for v in s["values"]])
+                for name, s in body["series"].items()
+            ]
+
+        return self.api.json("GET", f"/runs/{run_id}/metrics", params=params, decode=series)
 
     def history_csv(self, series: list[Series], nonfinite: Any = "wire") -> str:
         """The same CSV as the service writes (the rendering needs no database)."""
@@ -258,27 +368,29 @@ class RemoteQuery:
 
     def summary(self, principal: Principal, run_id: int) -> RunSummary:
         """`GET /runs/{id}/summary`: what `QueryService.summary` reads, without the metric history."""
-        body = self.api.json("GET", f"/runs/{run_id}/summary")
-        steps = body["steps"]
-        return RunSummary(
-            run=run_of(body["run"]),
-            n_steps=int(steps["count"]),
-            first_step=steps["first"],
-            last_step=steps["last"],
-            metrics=[
-                MetricLast(
-                    m["name"], m["points"], m["first_step"], m["last_step"], decode_float(m["last_value"])
-                )
-                for m in body["metrics"]
-            ],
-            phases=[phase_event_of(run_id, e) for e in body["phases"]],
-            alerts=[alert_of(run_id, a) for a in body["alerts"]],
-            directives=[directive_of(d) for d in body["directives"]],
-            directive=directive_of(body["directive"]),
-        )
+        return self.api.json("GET", f"/runs/{run_id}/summary", decode=lambda body: _summary_of(run_id, body))
 
     def phase_events(self, principal: Principal, run_id: int) -> list[PhaseEventInfo]:
-        return [phase_event_of(run_id, e) for e in self.api.json("GET", f"/runs/{run_id}/events")]
+        decode = _list_of(lambda e: phase_event_of(run_id, e))
+        return self.api.json("GET", f"/runs/{run_id}/events", decode=decode)
+
+
+def _summary_of(run_id: int, body: dict[str, Any]) -> RunSummary:
+    steps = body["steps"]
+    return RunSummary(
+        run=run_of(body["run"]),
+        n_steps=int(steps["count"]),
+        first_step=steps["first"],
+        last_step=steps["last"],
+        metrics=[
+            MetricLast(m["name"], m["points"], m["first_step"], m["last_step"], decode_float(m["last_value"]))
+            for m in body["metrics"]
+        ],
+        phases=[phase_event_of(run_id, e) for e in body["phases"]],
+        alerts=[alert_of(run_id, a) for a in body["alerts"]],
+        directives=[directive_of(d) for d in body["directives"]],
+        directive=directive_of(body["directive"]),
+    )
 
 
 class RemoteDirectives:
@@ -288,7 +400,7 @@ class RemoteDirectives:
         self.api = api
 
     def current(self, principal: Principal, run_id: int) -> DirectiveInfo:
-        return directive_of(self.api.json("GET", f"/runs/{run_id}/directive"))
+        return self.api.json("GET", f"/runs/{run_id}/directive", decode=directive_of)
 
     def set_manual(
         self,
@@ -316,7 +428,7 @@ class RemoteDirectives:
             body["stop"] = stop
         if stop_on_collapse is not None:
             body["stop_on_collapse"] = stop_on_collapse
-        return directive_of(self.api.json("PUT", f"/runs/{run_id}/directive", json=body))
+        return self.api.json("PUT", f"/runs/{run_id}/directive", json=body, decode=directive_of)
 
 
 class RemoteAlerts:
@@ -325,10 +437,13 @@ class RemoteAlerts:
 
     def list(self, principal: Principal, run_id: int, status: str | None = None) -> list[AlertInfo]:
         params = {"status": status} if status else {}
-        return [alert_of(run_id, a) for a in self.api.json("GET", f"/runs/{run_id}/alerts", params=params)]
+        decode = _list_of(lambda a: alert_of(run_id, a))
+        return self.api.json("GET", f"/runs/{run_id}/alerts", params=params, decode=decode)
 
     def acknowledge(self, principal: Principal, run_id: int, alert_id: int) -> AlertInfo:
-        return alert_of(run_id, self.api.json("POST", f"/runs/{run_id}/alerts/{alert_id}/ack"))
+        return self.api.json(
+            "POST", f"/runs/{run_id}/alerts/{alert_id}/ack", decode=lambda a: alert_of(run_id, a)
+        )
 
 
 class RemoteLiveness:
@@ -336,13 +451,13 @@ class RemoteLiveness:
         self.api = api
 
     def get(self, principal: Principal, run_id: int) -> Any:
-        return _liveness_of(self.api.json("GET", f"/runs/{run_id}/liveness"))
+        return self.api.json("GET", f"/runs/{run_id}/liveness", decode=_liveness_of)
 
     def set_thresholds(
         self, principal: Principal, run_id: int, stall_after_s: float | None, crash_after_s: float | None
     ) -> Any:
         body = {"stall_after_s": stall_after_s, "crash_after_s": crash_after_s}
-        return _liveness_of(self.api.json("PUT", f"/runs/{run_id}/liveness", json=body))
+        return self.api.json("PUT", f"/runs/{run_id}/liveness", json=body, decode=_liveness_of)
 
 
 def _liveness_of(body: dict[str, Any]) -> Any:

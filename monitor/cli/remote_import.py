@@ -4,7 +4,8 @@ The batches are what a trainer sends (columnar metrics, gzip, split to the body 
 `contracts.split`), and their ids are derived from the run, a digest of the input (files, format and
 options) and the step range, so importing the same files again is a no-op: every batch is a duplicate on
 the service's ledger. The service's detector judges the steps and raises alerts; its own sinks deliver
-them. The summary (phases, alerts) is read back from the API.
+them. The summary (the run's phases and alerts, and how many of them this import recorded) is read back
+from the API.
 
 If sending stops part way (Ctrl-C, at the next batch boundary as locally; the service unreachable), a run
 the import created is marked `failed`; a run that existed keeps its status (a live trainer's run stays
@@ -28,7 +29,7 @@ from rich.markup import escape
 
 from contracts import split
 from contracts.wire import DEFAULT_PROJECT, IMPORT_BATCH_PREFIX, encode_float
-from monitor.cli.remote import RemoteState, run_of
+from monitor.cli.remote import RemoteState, api_object, run_of
 from monitor.domain import AlertInfo, PhaseEventInfo, Principal, RunFilter, RunInfo
 from monitor.errors import Conflict, LLDMonError, ServiceUnavailable
 from monitor.import_command import (
@@ -37,6 +38,7 @@ from monitor.import_command import (
     EXIT_USAGE,
     DeferredInterrupt,
     ImportOptions,
+    named,
     read_input,
     steps_progress,
     summary,
@@ -49,7 +51,8 @@ _FINAL_STATUSES: Final = ("finished", "failed", "crashed")
 
 @dataclass(frozen=True)
 class RemoteImportResult:
-    """What `import_command.summary` prints (the fields of the local ImportResult it reads)."""
+    """What `import_command.summary` prints (the fields of the local ImportResult it reads): phases
+    and alerts are those this import recorded, opened or updated."""
 
     run: RunInfo
     created: bool
@@ -111,11 +114,13 @@ def import_over_http(options: ImportOptions, console: Console, url: str, token: 
     if isinstance(read, int):
         return read
     log, fmt, files = read
+    options = named(options, log)
     digest = input_digest(files, options, fmt)
     state = RemoteState(url, token)
     sender = _Sender(state)
     try:
         result = _send(state, sender, options, log, digest, console)
+        held = state.query.summary(Principal(), result.run.id)
     except LLDMonError as exc:
         code = _fail(console, exc.message, EXIT_REFUSED)
         if sender.fate is not None:
@@ -144,7 +149,7 @@ def import_over_http(options: ImportOptions, console: Console, url: str, token: 
         highlight=False,
         soft_wrap=True,
     )
-    summary(result, fmt, len(files), console)
+    summary(result, fmt, len(files), console, held)
     return 0
 
 
@@ -173,7 +178,7 @@ def _send(
     body: dict[str, Any] = {"name": options.run, "tags": list(options.tags)}
     if options.project is not None:
         body["project"] = options.project
-    run = run_of(state.api.json("POST", "/runs", json=body))
+    run = state.api.json("POST", "/runs", json=body, decode=run_of)
     phases_before = {e.id for e in state.query.phase_events(principal, run.id)}
     alerts_before = {(a.id, a.status, a.last_step) for a in state.alerts.list(principal, run.id)}
     chunk = options.chunk_steps or DEFAULT_CHUNK_STEPS
@@ -258,7 +263,7 @@ class _Sender:
                 if len(parts) > 1:
                     pending[:0] = parts
                     continue
-            ack = self.api.check(response).json()
+            ack = self.api.decoded(response, api_object)
             if ack.get("duplicate"):
                 self.duplicates += 1
             else:

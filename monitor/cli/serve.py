@@ -63,6 +63,8 @@ def serve(
     host_text = f"[{settings.host}]" if ":" in settings.host else settings.host
     url = f"http://{host_text}:{sock.getsockname()[1]}"
     console.print(f"lldmon serving on [bold]{url}[/bold]  (API docs: {url}/docs)", soft_wrap=True)
+    for path in application.state.mounted:
+        console.print(f"dashboard: [bold]{url}{path}[/bold]", soft_wrap=True)
     console.print(f"database: {redact(settings.resolved_database_url())}", soft_wrap=True)
     console.print(f"raw action records kept: {settings.actions_retention or 'forever'}", soft_wrap=True)
     timeouts: dict[str, Any] = {"keep_alive": timeout_keep_alive, "request_timeout": timeout_request}

@@ -1,7 +1,7 @@
 """LLD phase detection: pure numpy functions over metric series (no I/O, no database, no logging).
 
 `update(window, state, config)` processes the new points of one run online; `detect_offline` runs it over a
-whole run. Phases and findings follow lld-reference.md sections 2-3; thresholds live in `DetectorConfig`.
+whole run. Phases and findings follow docs/science.md sections 2-3; thresholds live in `DetectorConfig`.
 """
 
 from monitor.detector.config import DetectorConfig

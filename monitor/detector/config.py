@@ -3,10 +3,10 @@
 Windows count *steps*, not logged points: a run that logs every 10 steps is judged on the same time
 scales as one that logs every step. Where a metric is logged more sparsely than a window is long, the
 window reaches back to the `min_*_points` most recent values (never beyond `history_steps`). Sources:
-[LLD] = lld-reference.md sections 2-3 (Deng et al., arXiv 2512.04220, Fig. 2-4); "real logs" =
+[LLD] = docs/science.md sections 2-3 (Deng et al., arXiv 2512.04220, Fig. 2-4); "real logs" =
 ../shared/datasets/real_runs (healthy verl GSM8K PPO, noisy Search-R1 GRPO/GiGPO, stagnant TRL FinQA), read
-with `monitor.importers`; "scenarios" = `monitor.detector.scenarios` (calibrated to [LLD] section 3). The
-figures quoted for the real logs were measured with `benchmarks/detection.py`.
+with `monitor.importers`; "scenarios" = `monitor.detector.scenarios` (calibrated to docs/science.md
+section 3). The figures quoted for the real logs were measured with `benchmarks/detection.py`.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class DetectorConfig:
     """Reward Theil-Sen slope z above this counts as rising ([LLD] phases I-II: reward still rising)."""
     delta_negative_share: float = 0.8
     """Share of the trend window with `lld/delta_traj_pos` < 0 (D_traj <= eps on correct responses is the
-    LLD definition, lld-reference.md section 2); 24 of 30 has p = 0.0007 under a fair coin."""
+    LLD definition, docs/science.md section 2); 24 of 30 has p = 0.0007 under a fair coin."""
     anchor_window: int = 60
     """Steps of the anchor set's trend (`lld/anchor/logp` is scored every 5 steps: 12 values)."""
     anchor_min_points: int = 8
@@ -81,7 +81,8 @@ class DetectorConfig:
     accel_z: float = 4.0
     """Short-window slope z (noise from the reference window) for a sharp likelihood drop."""
     frac_majority: float = 0.5
-    """[LLD] section 3: > 50 % of correct samples show a likelihood drop in steps 120-140 (phase III)."""
+    """[LLD] (docs/science.md section 3): > 50 % of correct samples show a likelihood drop in steps
+    120-140 (phase III)."""
 
     # --- surges vs the run's own baseline (grad norm, entropy) -------------------------------------------
     surge_recent: int = 5
@@ -100,7 +101,8 @@ class DetectorConfig:
     reward variance) and are left out. Real logs: Search-R1 idle steps log 0.001-0.003 against 0.1-0.9;
     TRL FinQA logs exactly 0 on 59 % of its steps."""
     entropy_surge_ratio: float = 1.5
-    """Median of the recent entropies / baseline median ([LLD] section 3: entropy surges in phase III).
+    """Median of the recent entropies / baseline median (docs/science.md section 3: entropy surges in
+    phase III).
     Real logs: <= 1.3x, except TRL FinQA whose spiky entropy reaches 10x but with a robust z <= 2.1."""
     entropy_eps: float = 1e-3
     """Added before taking logs of the entropy (TRL FinQA logs entropies of 0.000)."""
@@ -142,7 +144,7 @@ class DetectorConfig:
     critical finding. Lab late regime seed 2: the reward fell from 0.28 to ~0.03 for 50 steps, then came
     back to 0.15-0.3 and trained for 200 steps more. Project choice."""
 
-    # --- terminal signatures (lld-reference.md section 3: what users report) -------------------------------
+    # --- terminal signatures (docs/science.md section 3: what users report) -------------------------------
     terminal_window: int = 5
     """Points whose median must cross a terminal threshold (sustained, not one step)."""
     nonfinite_clear: int = 5
@@ -206,7 +208,8 @@ class DetectorConfig:
     clip_ratio_saturated: float = 0.9
     """Response-length clip ratio "to 1". Real logs: at most 0.28 (Search-R1)."""
     ratio_low: float = 0.5
-    """Importance ratio of A>0 tokens drifting toward 0 ([SAPO] drift signature, section 5)."""
+    """Importance ratio of A>0 tokens drifting toward 0 ([SAPO] drift signature, docs/science.md
+    section 5)."""
     ratio_high: float = 2.0
     """Importance-ratio blow-up (PPO clips at 1.2; a median beyond 2 means clipping no longer holds)."""
     kl_blowup_abs: float = 0.1
@@ -217,7 +220,7 @@ class DetectorConfig:
     """Before a run has a KL baseline (its first `min_start_points` + `min_recent_points` values), a recent
     median |KL| above this many nats is a blow-up at once. A policy step that healthy training takes moves
     far less: real logs |ppo_kl| <= 0.006, KL to the reference in GRPO runs with beta 0.001-0.04 of the
-    order of 0.001-0.1 (lld-reference.md section 5), a test run starting at 0.3. Project choice: 3x above
+    order of 0.001-0.1 (docs/science.md section 5), a test run starting at 0.3. Project choice: 3x above
     the highest healthy level seen."""
     dead_window: int = 6
     """Dead run: over the last this-many steps every logged grad norm is idle (no learning signal: every
@@ -237,7 +240,7 @@ class DetectorConfig:
     entropy_explosion_ratio: float = 2.0
     """Entropy explosion (warning): recent median entropy >= this times its baseline, with a robust z >=
     `surge_z`; the run enters phase III when the outcome follows (valid actions or searches fall, the
-    reward drops). Real logs: <= 1.3x on healthy runs ([LLD] section 3)."""
+    reward drops). Real logs: <= 1.3x on healthy runs (docs/science.md section 3)."""
     entropy_explosion_validity_drop: float = 0.15
     """...phase III when, with it, valid actions / searches fall this share below their baseline (issue 14's
     real run: entropy 0.57 -> 3.3 with invalid actions to 28 %). Project choice."""
@@ -252,7 +255,7 @@ class DetectorConfig:
     entropy_rise_clip_rise: float = 0.05
     """...or the share of clipped responses this much above its baseline. A slow doubling (a 7B agent:
     entropy 1.0 -> 2.1 over ~15 steps, invalid actions 4 -> 15 %, clipped 2 -> 12 %) passes all three;
-    healthy real logs stay below 1.3x ([LLD] section 3). Project choice."""
+    healthy real logs stay below 1.3x (docs/science.md section 3). Project choice."""
     length_surge_ratio: float = 2.0
     """Response length surge (supports the `lld_crash` warning): recent median / baseline median, with the
     robust z of `surge_z`. Old-hook lab run: length x3 within the ~15 steps of its likelihood crash."""

@@ -1,7 +1,7 @@
 """Finding kinds and the conditions behind them (all kinds are defined here, once).
 
 Phase findings follow the phase (`lld_decay` while in decay, `lld_collapse` while in collapse). Terminal
-flags are the signatures users report at the end of a collapse (lld-reference.md section 3); each is a
+flags are the signatures users report at the end of a collapse (docs/science.md section 3); each is a
 sustained condition (median of `terminal_window` points) except non-finite grad norm / loss, which fire on
 a single logged value and stay active until `nonfinite_clear` finite values follow. Entropy collapse and
 advantage collapse are separate diagnoses (warnings) with their own hysteresis.
@@ -200,7 +200,7 @@ def _held_baseline(
 
 
 KL_METRICS: Final = (M.KL_REF, M.KL_OLD)
-"""Two different quantities (lld-reference.md section 5), each judged against its own baseline."""
+"""Two different quantities (docs/science.md section 5), each judged against its own baseline."""
 
 
 def _kl_blowup(h: History, cfg: DetectorConfig, state: DetectorState) -> Indicator:

@@ -1,6 +1,6 @@
 """Phase of a run from its signals: the candidate of one point, then hysteresis over points.
 
-Candidate of a point (lld-reference.md section 3):
+Candidate of a point (docs/science.md section 3):
 - collapse (phase III): a sharp likelihood drop with a grad-norm / entropy surge or a majority of correct
   responses losing likelihood; or grad-norm AND entropy surges together; or a reward crash.
 - decay (phase II, hooks only): likelihood evidence that cannot be population shift: the anchor set's

@@ -1,6 +1,6 @@
 """Synthetic GRPO runs with known labels, for tuning and testing the detector.
 
-Collapse runs follow the phase shapes of [LLD] Fig. 2-4 (lld-reference.md section 3), with randomised
+Collapse runs follow the phase shapes of [LLD] Fig. 2-4 (docs/science.md section 3), with randomised
 onsets, scales and noise:
 - phase I (to ~60): correct-response log-likelihood `lld/logp_pos` flat, reward rising, grad norm stable,
   entropy rising slowly; ~25-40 % of correct responses lose likelihood over an update (noise).

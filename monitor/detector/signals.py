@@ -248,7 +248,7 @@ class RewardRange:
     """The run's own reward scale at a point: the range its smoothed reward and its trailing mean have
     covered so far and the noise of that trailing mean. Every reward rule compares levels inside this
     range and drops in units of this noise, so an affine change of units (a*r + b, a > 0) changes nothing
-    (lld-reference.md section 3: a collapse is a loss of what the run had, in whatever units it scores)."""
+    (docs/science.md section 3: a collapse is a loss of what the run had, in whatever units it scores)."""
 
     low: float | None = None
     """Running minimum of the smoothed reward."""
@@ -602,7 +602,7 @@ def anchor_decline(h: History, cfg: DetectorConfig, peak: float | None) -> Indic
     """The fixed anchor set's mean per-token log-prob (`lld/anchor/logp`, the same correct responses
     re-scored every few steps, so no population can shift) fell `anchor_drop` nats below its running
     peak, with a significant Mann-Kendall trend over `anchor_window` steps: lazy likelihood displacement
-    measured as the paper measures it (lld-reference.md section 2, Fig. 2)."""
+    measured as the paper measures it (docs/science.md section 2, Fig. 2)."""
     name = "anchor_decline"
     metric = M.ANCHOR_LOGP
     v = h.get(metric)

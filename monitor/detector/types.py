@@ -17,7 +17,7 @@ BoolArray = npt.NDArray[np.bool_]
 
 Severity = Literal["warning", "critical"]
 
-# --- phases (lld-reference.md section 3) -----------------------------------------------------------------
+# --- phases (docs/science.md section 3) -----------------------------------------------------------------
 WARMUP: Final = "warmup"
 HEALTHY: Final = "healthy"
 STAGNATION: Final = "stagnation"

@@ -1,15 +1,17 @@
 """Importers of trainer logs into canonical metric columns (`lldmon import`).
 
 One module per format (verl console and `file` JSONL, TRL stdout and trainer_state.json, W&B CSV,
-generic CSV with a step column, ms-swift `logging.jsonl`, TensorBoard, lldmon's own export), all
-returning a `ParsedLog`:
+generic CSV with a step column, ms-swift `logging.jsonl`, TensorBoard, lldmon's own export, lldmon's
+recorded lab runs), all returning a `ParsedLog`:
 aligned columns, where each value was logged (so a logged NaN grad norm is told apart from a missing one),
 and the malformed lines met (file, line, reason).
 `load_log(paths, fmt)` picks the format (`detect.py` for `auto`); `read_*` return `(steps, values)`.
+A gzip-compressed text log is read as it is (`reading.LogFile`), with or without `--format`.
 """
 
 from monitor.importers.csv_table import load_csv
-from monitor.importers.detect import AUTO, FORMATS, detect_format, resolve_format
+from monitor.importers.detect import AUTO, FORMATS, LAB_FIXTURE, NAMING_FORMATS, detect_format, resolve_format
+from monitor.importers.lab_fixture import load_lab_fixture
 from monitor.importers.lldmon_export import load_lldmon_export
 from monitor.importers.names import TRL_NAMES, VERL_NAMES
 from monitor.importers.parsed import ParsedLog, merge_records, to_columns
@@ -26,6 +28,8 @@ from monitor.importers.wandb_csv import load_wandb_csv
 __all__ = [
     "AUTO",
     "FORMATS",
+    "LAB_FIXTURE",
+    "NAMING_FORMATS",
     "TRL_NAMES",
     "VERL_NAMES",
     "Diagnostic",
@@ -37,6 +41,7 @@ __all__ = [
     "detect_format",
     "input_files",
     "load_csv",
+    "load_lab_fixture",
     "load_lldmon_export",
     "load_log",
     "load_swift_jsonl",

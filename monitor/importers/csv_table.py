@@ -23,11 +23,11 @@ from typing import Final
 from contracts.trainer_keys import TRACKER, Family
 from monitor.importers.parsed import FileColumns, ParsedLog, Paths
 from monitor.importers.reading import (
-    PROGRESS_EVERY,
     Diagnostics,
     LogImportError,
     ProgressCallback,
     StepRecords,
+    iter_raw_lines,
     load_files,
     name_problem,
     parse_step,
@@ -44,16 +44,8 @@ IsMetric = Callable[[str], bool]
 
 
 def _decoded_lines(path: str, progress: ProgressCallback | None) -> Iterator[str]:
-    pending = 0
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle):
-            pending += len(raw)
-            if progress is not None and pending >= PROGRESS_EVERY:
-                progress(pending)
-                pending = 0
-            yield raw.decode("utf-8-sig" if number == 0 else "utf-8", errors="replace")
-    if progress is not None and pending:
-        progress(pending)
+    for number, raw in enumerate(iter_raw_lines(path, progress)):
+        yield raw.decode("utf-8-sig" if number == 0 else "utf-8", errors="replace")
 
 
 def _is_media(cell: str) -> bool:

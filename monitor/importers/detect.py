@@ -1,7 +1,11 @@
 """`--format auto`: tell a log's format from its name, then from its first lines.
 
+A gzip file (its magic bytes, whatever its name) is told by its decompressed content and by its name
+without `.gz`; every text format is read through the gzip layer (`reading.LogFile`).
+
 Order of evidence: a directory or a `*tfevents*` name is TensorBoard; a Parquet file (its magic bytes) is
-lldmon (`lldmon export`'s table, `lldmon_export.py`); `trainer_state.json`, or any JSON
+lldmon (`lldmon export`'s table, `lldmon_export.py`); a first line that is a lab fixture's header
+(`{"format": "lldmon-lab-run/1", ...}`) is lab-fixture; `trainer_state.json`, or any JSON
 whose head has `"log_history"`, is trl-state; a `.jsonl` / `.ndjson` name or a first line that is a JSON
 object is ms-swift when that object has ms-swift's step (`"global_step/max_steps": "12/500"`, Megatron's
 `"iteration"`, old ms-swift's `"global_step"`) and no "step", else verl-jsonl (a first line without a
@@ -22,8 +26,9 @@ from pathlib import Path
 from typing import Final
 
 from monitor.importers.csv_table import step_column_of
+from monitor.importers.lab_fixture import is_lab_header
 from monitor.importers.lldmon_export import is_parquet
-from monitor.importers.reading import LogImportError
+from monitor.importers.reading import LogFile, LogImportError
 from monitor.importers.swift_jsonl import is_swift_object
 from monitor.importers.tensorboard_events import EVENT_FILE_MARKER, event_files
 
@@ -36,7 +41,23 @@ CSV: Final = "csv"
 MS_SWIFT: Final = "ms-swift"
 TENSORBOARD: Final = "tensorboard"
 LLDMON: Final = "lldmon"
-FORMATS: Final = (VERL_JSONL, VERL_CONSOLE, TRL_LOG, TRL_STATE, WANDB_CSV, CSV, MS_SWIFT, TENSORBOARD, LLDMON)
+LAB_FIXTURE: Final = "lab-fixture"
+FORMATS: Final = (
+    VERL_JSONL,
+    VERL_CONSOLE,
+    TRL_LOG,
+    TRL_STATE,
+    WANDB_CSV,
+    CSV,
+    MS_SWIFT,
+    TENSORBOARD,
+    LLDMON,
+    LAB_FIXTURE,
+)
+BINARY_FORMATS: Final = (TENSORBOARD, LLDMON)
+"""Formats read by their own binary readers, so never through the gzip layer."""
+NAMING_FORMATS: Final = (LAB_FIXTURE,)
+"""Formats whose files record their run's name (`ParsedLog.run_name`), so `--run` may be left out."""
 AUTO: Final = "auto"
 
 SNIFF_BYTES: Final = 64 << 20
@@ -62,14 +83,19 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     name = p.name.lower()
     if EVENT_FILE_MARKER in name:
         return TENSORBOARD
-    with open(p, "rb") as handle:
-        head = handle.read(HEAD_BYTES)
-    if is_parquet(head):
+    with LogFile(p) as log:
+        head = log.read(HEAD_BYTES)
+        compressed = log.gzip
+    if compressed:
+        name = name.removesuffix(".gz")
+    elif is_parquet(head):
         return LLDMON
     if name == "trainer_state.json" or (name.endswith(".json") and b'"log_history"' in head):
         return TRL_STATE
     first = next((ln for ln in head.decode("utf-8", "replace").split("\n") if ln.strip()), "").strip()
     obj = _json_object(first) if first.startswith("{") else None
+    if is_lab_header(obj):
+        return LAB_FIXTURE
     if name.endswith((".jsonl", ".ndjson")):
         return MS_SWIFT if is_swift_object(obj) else VERL_JSONL
     if is_swift_object(obj):
@@ -87,9 +113,10 @@ def detect_format(path: str | os.PathLike[str]) -> str:
         return TRL_STATE
     found = _sniff_text(p)
     if found is None:
+        what = f"{p} (gzip-compressed; its decompressed content was read)" if compressed else str(p)
         raise LogImportError(
-            f"cannot tell the format of {p}: no verl `step:N - key:value` line or TRL log dict in its first "
-            f"{SNIFF_BYTES >> 20} MiB; pass --format ({', '.join(FORMATS)})"
+            f"cannot tell the format of {what}: no verl `step:N - key:value` line or TRL log dict in its "
+            f"first {SNIFF_BYTES >> 20} MiB; pass --format ({', '.join(FORMATS)})"
         )
     return found
 
@@ -117,7 +144,7 @@ def _sniff_text(path: Path) -> str | None:
     Python dicts before the first step, so they only decide when nothing else is found."""
     read = 0
     dicts = False
-    with open(path, "rb") as handle:
+    with LogFile(path) as handle:
         for raw in handle:
             read += len(raw)
             text = _ANSI.sub("", raw.decode("utf-8", "replace"))

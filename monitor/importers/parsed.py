@@ -21,12 +21,15 @@ StepRecords = Mapping[int, Mapping[str, float]]
 class ParsedLog:
     """Columns of one run: `steps` ascending and unique; `values[name]` aligned with them, NaN where the
     metric was not logged; `present[name]` True where a value was logged (NaN and inf included);
-    `diagnostics` the malformed lines met while reading (empty in strict mode: the first one raises)."""
+    `diagnostics` the malformed lines met while reading (empty in strict mode: the first one raises);
+    `run_name` the name the log gives its run where its format records one (a lab fixture's header), the
+    name `lldmon import` uses unless `--run` is given."""
 
     steps: npt.NDArray[np.int64]
     values: dict[str, npt.NDArray[np.float64]]
     present: dict[str, npt.NDArray[np.bool_]]
     diagnostics: tuple[Diagnostic, ...] = ()
+    run_name: str | None = None
 
     @property
     def n_points(self) -> int:

@@ -1,19 +1,25 @@
 """Plumbing shared by the importers: streamed lines with byte progress, diagnostics of malformed input,
 value and step parsing, and the per-file step records every format fills.
 
+Every text format is read through `LogFile`, which gunzips a gzip-compressed file (told by its magic
+bytes, whatever its name) on the fly: `lldmon import run.jsonl.gz` needs no separate `gunzip`.
+
 A malformed line or record is never skipped silently: it becomes a `Diagnostic` (file, line, reason) and
 the import goes on; in strict mode the first one raises `MalformedLog`, before anything is written.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
+import zlib
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Final
+from types import TracebackType
+from typing import BinaryIO, Final, cast
 
 import numpy as np
 
@@ -36,6 +42,8 @@ PROGRESS_EVERY: Final = 1 << 20
 """Bytes between two progress calls: per-line calls would cost more than the parsing."""
 
 MAX_STEP: Final = 2**63 - 1
+
+GZIP_MAGIC: Final = b"\x1f\x8b"
 
 
 class LogImportError(ValueError):
@@ -88,19 +96,97 @@ class Line:
         return text if self.complete else f"{text} (last line has no newline: truncated?)"
 
 
-def iter_lines(path: str | os.PathLike[str], progress: ProgressCallback | None = None) -> Iterator[Line]:
-    """The lines of a file one by one (never the whole file in memory), decoded as UTF-8 with
-    undecodable bytes replaced (binary progress bars, truncated multi-byte characters)."""
+def is_gzip(head: bytes) -> bool:
+    """Whether a file's first bytes are gzip's magic number (the name is no evidence either way)."""
+    return head.startswith(GZIP_MAGIC)
+
+
+class LogFile:
+    """A log file opened for reading its content: the bytes themselves, or decompressed ones when the file
+    is gzip. `consumed()` counts the bytes of the file on disk read so far, so that a progress bar sized by
+    the file's size ends at its size for a compressed file too. A damaged or truncated gzip stream raises
+    `LogImportError` naming the file."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._raw = open(path, "rb")  # noqa: SIM115  # closed by close()
+        try:
+            self.gzip = is_gzip(self._raw.read(len(GZIP_MAGIC)))
+            self._raw.seek(0)
+        except BaseException:
+            self._raw.close()
+            raise
+        self._stream = cast(BinaryIO, gzip.GzipFile(fileobj=self._raw, mode="rb") if self.gzip else self._raw)
+
+    def __enter__(self) -> LogFile:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self._stream.close()
+        finally:
+            self._raw.close()
+
+    def consumed(self) -> int:
+        return self._raw.tell()
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self._stream.read(size)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise self._damaged(exc) from None
+
+    def __iter__(self) -> Iterator[bytes]:
+        """The raw lines, each with its line ending."""
+        try:
+            yield from self._stream
+        except (OSError, EOFError, zlib.error) as exc:
+            raise self._damaged(exc) from None
+
+    def _damaged(self, exc: BaseException) -> LogImportError:
+        if self.gzip:
+            return LogImportError(f"{self.path}: damaged gzip file: {exc}")
+        return LogImportError(f"{self.path}: cannot read: {exc}")
+
+
+def iter_raw_lines(path: str | os.PathLike[str], progress: ProgressCallback | None = None) -> Iterator[bytes]:
+    """The raw lines of a file (decompressed if gzip) one by one, never the whole file in memory; progress
+    in bytes of the file on disk."""
+    done = 0
     pending = 0
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, start=1):
+    with LogFile(path) as log:
+        for raw in log:
             pending += len(raw)
             if progress is not None and pending >= PROGRESS_EVERY:
-                progress(pending)
+                position = log.consumed()
+                if position > done:
+                    progress(position - done)
+                    done = position
                 pending = 0
-            yield Line(number, raw.decode("utf-8", errors="replace").rstrip("\r\n"), raw.endswith(b"\n"))
-    if progress is not None and pending:
-        progress(pending)
+            yield raw
+        if progress is not None and log.consumed() > done:
+            progress(log.consumed() - done)
+
+
+def iter_lines(path: str | os.PathLike[str], progress: ProgressCallback | None = None) -> Iterator[Line]:
+    """The lines of a file one by one (never the whole file in memory; gzip decompressed), decoded as UTF-8
+    with undecodable bytes replaced (binary progress bars, truncated multi-byte characters)."""
+    for number, raw in enumerate(iter_raw_lines(path, progress), start=1):
+        yield Line(number, raw.decode("utf-8", errors="replace").rstrip("\r\n"), raw.endswith(b"\n"))
+
+
+def read_log_bytes(path: str | os.PathLike[str], progress: ProgressCallback | None = None) -> bytes:
+    """A whole (small) log file's content, decompressed if gzip."""
+    with LogFile(path) as log:
+        data = log.read()
+        if progress is not None:
+            progress(log.consumed())
+    return data
 
 
 def iter_json_objects(

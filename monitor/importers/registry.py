@@ -10,7 +10,9 @@ from typing import Final
 from monitor.importers.csv_table import load_csv
 from monitor.importers.detect import (
     AUTO,
+    BINARY_FORMATS,
     CSV,
+    LAB_FIXTURE,
     LLDMON,
     MS_SWIFT,
     TENSORBOARD,
@@ -21,9 +23,10 @@ from monitor.importers.detect import (
     WANDB_CSV,
     resolve_format,
 )
+from monitor.importers.lab_fixture import load_lab_fixture
 from monitor.importers.lldmon_export import load_lldmon_export
 from monitor.importers.parsed import ParsedLog
-from monitor.importers.reading import LogImportError, ProgressCallback
+from monitor.importers.reading import GZIP_MAGIC, LogImportError, ProgressCallback, is_gzip
 from monitor.importers.swift_jsonl import load_swift_jsonl
 from monitor.importers.tensorboard_events import event_files, load_tensorboard
 from monitor.importers.trl_state import load_trl_state
@@ -45,6 +48,7 @@ LOADERS: Final[dict[str, Loader]] = {
     MS_SWIFT: load_swift_jsonl,
     TENSORBOARD: load_tensorboard,
     LLDMON: load_lldmon_export,
+    LAB_FIXTURE: load_lab_fixture,
 }
 
 
@@ -83,8 +87,18 @@ def load_log(
     for file in input_files(paths, resolved):
         if not Path(file).is_file():
             raise LogImportError(f"{file}: not a file")
+        if resolved in BINARY_FORMATS and _is_gzip_file(file):
+            raise LogImportError(
+                f"{file}: gzip-compressed, but {resolved} files are read as they are written: gunzip it first "
+                "(gzip is read transparently for the text formats)"
+            )
     if first_step is not None and resolved != TRL_LOG:
         raise LogImportError(f"a first step is only needed for trl-log (TRL stdout), not {resolved}")
     if resolved == TRL_LOG and first_step is not None:
         return load_trl_stdout(list(paths), first_step, strict=strict, progress=progress)
     return LOADERS[resolved](list(paths), strict=strict, progress=progress)
+
+
+def _is_gzip_file(path: str) -> bool:
+    with open(path, "rb") as handle:
+        return is_gzip(handle.read(len(GZIP_MAGIC)))

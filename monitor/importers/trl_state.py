@@ -28,6 +28,7 @@ from monitor.importers.reading import (
     StepRecords,
     load_files,
     parse_step,
+    read_log_bytes,
     short,
 )
 
@@ -55,10 +56,7 @@ def parse_trl_state_file(
     path: str, diagnostics: Diagnostics, progress: ProgressCallback | None = None
 ) -> FileColumns:
     """Step records (canonical names) of one trainer_state.json."""
-    with open(path, "rb") as handle:
-        raw = handle.read()
-    if progress is not None:
-        progress(len(raw))
+    raw = read_log_bytes(path, progress)
     text = raw.decode("utf-8", errors="replace")
     found = _LOG_HISTORY.search(text)
     if found is None:

@@ -20,6 +20,9 @@ it in `"series"`; a label without `"series"` is on `reward/mean` (every fixture 
 designs, unchanged). `load_fixtures` returns the runs as `monitor.evaluation.LabelledRun`s with source
 "lab"; the detector sees every metric, the optimised reward under `reward/mean` as always.
 
+Reading a fixture is `monitor.importers.lab_fixture`'s (the same reader `lldmon import` uses for
+`--format lab-fixture`); this module adds the labels, the export from a lab directory and the writer.
+
 The fixtures of the repository live in `tests/fixtures/lab/` (test data of a source checkout, like the
 third-party logs in ../shared/datasets: not shipped in the wheel); `lldmon eval` finds them there in a
 checkout (`--lab DIR` elsewhere). Export from a lab directory::
@@ -46,6 +49,7 @@ import numpy as np
 from contracts import metrics as M
 from monitor.detector.labels import RULE, collapse_step
 from monitor.evaluation import SOURCE_LAB, LabelledRun
+from monitor.importers.lab_fixture import FORMAT, SUFFIX, FixtureError, read_lab_run, step_line
 from monitor.lab.grid import REWARD_FLOORS
 from monitor.lab.results import FINISHED, TASK_SUCCESS, analyse, label_metric, read_records
 
@@ -61,14 +65,6 @@ __all__ = [
     "read_fixture",
     "write_fixture",
 ]
-
-FORMAT: Final = "lldmon-lab-run/1"
-SUFFIX: Final = ".jsonl.gz"
-_NONFINITE: Final = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-
-
-class FixtureError(ValueError):
-    """A fixture file or a lab directory that cannot be read; the message names the file."""
 
 
 @dataclass(frozen=True)
@@ -129,21 +125,6 @@ def _declared_reward(series: str | None, settings: Mapping[str, Any]) -> dict[st
     return {"reward_floor": REWARD_FLOORS.get(str(settings.get("reward_design") or "exact"))}
 
 
-def _number(value: Any, where: str) -> float:
-    if isinstance(value, bool):
-        raise FixtureError(f"{where}: a boolean is not a metric value")
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        if value in _NONFINITE:
-            return _NONFINITE[value]
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    raise FixtureError(f"{where}: {value!r} is not a number")
-
-
 def _wire(value: float) -> float | str:
     if math.isnan(value):
         return "NaN"
@@ -168,20 +149,6 @@ def label_of(
     return label
 
 
-def _step_line(line: str, where: str) -> tuple[int, dict[str, float]]:
-    """One `{"step": s, "metrics": {...}}` line (of a `--metrics-jsonl` file or a fixture): its step and
-    its metrics as floats (null values dropped)."""
-    try:
-        obj = json.loads(line)
-        step = int(obj["step"])
-        metrics = obj["metrics"]
-    except (ValueError, KeyError, TypeError):
-        raise FixtureError(f"{where}: not a {{'step', 'metrics'}} line") from None
-    if not isinstance(metrics, dict):
-        raise FixtureError(f"{where}: not a {{'step', 'metrics'}} line")
-    return step, {str(k): _number(v, f"{where} {k}") for k, v in metrics.items() if v is not None}
-
-
 def read_metrics_jsonl(path: Path) -> tuple[list[int], list[dict[str, float]]]:
     """The example script's `--metrics-jsonl` file (NaN as a JSON literal or a string; a step written
     twice is merged, the later value winning)."""
@@ -193,7 +160,7 @@ def read_metrics_jsonl(path: Path) -> tuple[list[int], list[dict[str, float]]]:
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        step, metrics = _step_line(line, f"{path}:{n}")
+        step, metrics = step_line(line, f"{path}:{n}")
         by_step.setdefault(step, {}).update(metrics)
     ordered = sorted(by_step)
     return ordered, [by_step[s] for s in ordered]
@@ -219,31 +186,8 @@ def write_fixture(
 
 
 def read_fixture(path: Path) -> RecordedRun:
-    try:
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            lines = [line for line in f if line.strip()]
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise FixtureError(f"{path}: not a gzip JSONL fixture ({exc})") from None
-    if not lines:
-        raise FixtureError(f"{path}: empty")
-    try:
-        header = json.loads(lines[0])
-    except ValueError:
-        raise FixtureError(f"{path}:1: the header is not JSON") from None
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise FixtureError(f"{path}:1: not a {FORMAT} header")
-    label = header.get("label")
-    if not isinstance(label, dict) or not {"collapses", "collapse_step", "rule"} <= set(label):
-        raise FixtureError(f"{path}:1: the header has no label {{collapses, collapse_step, rule}}")
-    steps: list[int] = []
-    rows: list[dict[str, float]] = []
-    for n, line in enumerate(lines[1:], 2):
-        step, metrics = _step_line(line, f"{path}:{n}")
-        if steps and step <= steps[-1]:
-            raise FixtureError(f"{path}:{n}: step {step} is not after {steps[-1]}")
-        steps.append(step)
-        rows.append(metrics)
-    return RecordedRun(header=header, steps=steps, rows=rows)
+    run = read_lab_run(path)
+    return RecordedRun(header=run.header, steps=run.steps, rows=run.rows)
 
 
 def default_fixture_dir() -> Path | None:

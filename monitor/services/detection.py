@@ -141,7 +141,13 @@ class DetectionService:
             )
             entered = [(c.phase, c.step) for c in result.phase_changes]
             directive = self.directives.apply_auto(
-                conn, run_id, target.policy, result.state.phase, last_step, entered
+                conn,
+                run_id,
+                target.policy,
+                result.state.phase,
+                last_step,
+                entered,
+                phase_since=result.state.phase_since,
             )
         return directive, step_max is not None, notifications
 

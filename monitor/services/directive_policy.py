@@ -6,7 +6,7 @@ Manual LLDS wins: once a person set LLDS, the detector never changes it again (a
 or stop request does not count as setting it).
 If the run is still in the trigger phase `escalate_after` steps after LLDS was switched on, lambda
 is raised once to `lambda_max` (the paper uses 0.2, `DEFAULT_LLDS_LAMBDA`, and 0.3 for the 7B model; 0.01 only delays
-collapse, lld-reference.md section 4).
+collapse, docs/science.md section 4).
 """
 
 from __future__ import annotations
@@ -31,30 +31,70 @@ class DirectiveRule:
 
 
 @dataclass(frozen=True)
+class Cause:
+    """One reason for a directive change: the rule that acted, what the run did, what the rule asks."""
+
+    rule: str
+    """`auto` or `stop-on-collapse`."""
+    event: str
+    """What the run did, with its step: "run entered decay (step 96)"."""
+    action: str
+
+
+def explain(causes: Sequence[Cause]) -> str:
+    """The reason recorded with a directive version: one clause per event, naming every rule that acted
+    on it and everything they asked, so a phase entry that switches LLDS on and requests a checkpoint
+    reads as one cause at one step."""
+    grouped: dict[str, tuple[list[str], list[str]]] = {}
+    for cause in causes:
+        rules, actions = grouped.setdefault(cause.event, ([], []))
+        if cause.rule not in rules:
+            rules.append(cause.rule)
+        actions.append(cause.action)
+    return "; ".join(
+        f"{', '.join(rules)}: {event}; {', '.join(actions)}" for event, (rules, actions) in grouped.items()
+    )
+
+
+def _entered(phase: str, step: int) -> str:
+    return f"run entered {phase} (step {step})"
+
+
+@dataclass(frozen=True)
 class DirectiveChange:
     llds_enabled: bool
     llds_lambda: float
-    reason: str
+    causes: tuple[Cause, ...]
+
+    @property
+    def reason(self) -> str:
+        return explain(self.causes)
 
 
 def decide(
-    policy: str, phase: str, step: int, current: DirectiveInfo, rule: DirectiveRule
+    policy: str,
+    phase: str,
+    step: int,
+    current: DirectiveInfo,
+    rule: DirectiveRule,
+    *,
+    phase_since: int | None = None,
 ) -> DirectiveChange | None:
+    """The LLDS change for an `auto` run judged up to `step`, now in `phase`, which it entered at
+    `phase_since` (the step the reason names: the detector may confirm a phase a few steps after it
+    began; None: `step`)."""
     if policy != "auto" or current.llds_manual:
         return None
     if phase not in SLIDING[rule.trigger_phase]:
         return None
     if not current.llds_enabled:
-        return DirectiveChange(
-            True, rule.lam, f"auto: run entered {phase} (step {step}); LLDS on, lambda {rule.lam}"
-        )
+        entered_at = phase_since if phase_since is not None else step
+        cause = Cause("auto", _entered(phase, entered_at), f"LLDS on, lambda {rule.lam}")
+        return DirectiveChange(True, rule.lam, (cause,))
     since = current.step if current.step is not None else step
     if current.llds_lambda < rule.lam_max and step - since >= rule.escalate_after:
-        return DirectiveChange(
-            True,
-            rule.lam_max,
-            f"auto: still in {phase} {step - since} steps after LLDS was switched on; lambda {rule.lam_max}",
-        )
+        event = f"still in {phase} {step - since} steps after LLDS was switched on"
+        return DirectiveChange(True, rule.lam_max, (Cause("auto", event, f"lambda {rule.lam_max}"),))
     return None
 
 
@@ -68,7 +108,11 @@ STOP_PHASE: Final = COLLAPSE
 class LeverChange:
     checkpoint: bool
     stop: bool
-    reason: str
+    causes: tuple[Cause, ...]
+
+    @property
+    def reason(self) -> str:
+        return explain(self.causes)
 
 
 def decide_levers(
@@ -76,14 +120,14 @@ def decide_levers(
 ) -> LeverChange | None:
     """Checkpoint/stop requests for the phases a run entered, as (phase, step), in step order."""
     checkpoint = stop = False
-    reasons = []
+    causes = []
     for phase, step in entered:
         if phase == CHECKPOINT_PHASE and policy == "auto" and not checkpoint:
             checkpoint = True
-            reasons.append(f"auto: run entered {phase} (step {step}); checkpoint requested")
+            causes.append(Cause("auto", _entered(phase, step), "checkpoint requested"))
         if phase == STOP_PHASE and current.stop_on_collapse and not stop:
             stop = True
-            reasons.append(f"stop-on-collapse: run entered {phase} (step {step}); stop requested")
+            causes.append(Cause("stop-on-collapse", _entered(phase, step), "stop requested"))
     if not (checkpoint or stop):
         return None
-    return LeverChange(checkpoint, stop, "; ".join(reasons))
+    return LeverChange(checkpoint, stop, tuple(causes))

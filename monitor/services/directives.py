@@ -15,7 +15,7 @@ from contracts.directive import SOURCE_DETECTOR, SOURCE_MANUAL
 from monitor.config import Settings
 from monitor.domain import DirectiveInfo, Principal
 from monitor.errors import InvalidInput
-from monitor.services.directive_policy import DirectiveRule, decide, decide_levers
+from monitor.services.directive_policy import DirectiveRule, decide, decide_levers, explain
 from monitor.services.runs import RunService
 from monitor.store import Database
 from monitor.store import events as event_store
@@ -107,12 +107,15 @@ class DirectiveService:
         phase: str,
         step: int,
         entered: Sequence[tuple[str, int]],
+        *,
+        phase_since: int | None = None,
     ) -> DirectiveInfo:
         """The closed loop, in the detector's transaction (the run row locked): after judging up to
-        `step`, now in `phase`, having entered the phases `entered` as (phase, step), record what the
-        rules change (LLDS, checkpoint, stop) as one version; returns the directive in force."""
+        `step`, now in `phase` (since step `phase_since`), having entered the phases `entered` as
+        (phase, step), record what the rules change (LLDS, checkpoint, stop) as one version, with one
+        reason; returns the directive in force."""
         directive = event_store.current_directive(conn, run_id)
-        change = decide(policy, phase, step, directive, self.rule)
+        change = decide(policy, phase, step, directive, self.rule, phase_since=phase_since)
         levers = decide_levers(policy, entered, directive)
         if change is None and levers is None:
             return directive
@@ -124,7 +127,7 @@ class DirectiveService:
             checkpoint=levers is not None and levers.checkpoint,
             stop=True if levers is not None and levers.stop else None,
             stop_reason=levers.reason if levers is not None and levers.stop else "",
-            reason="; ".join(c.reason for c in (change, levers) if c is not None),
+            reason=explain([cause for c in (change, levers) if c is not None for cause in c.causes]),
             source=SOURCE_DETECTOR,
             step=step,
         )

@@ -3,7 +3,6 @@ trainer's own `GRPOConfig`, and the sink taken from the environment when none is
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 from dataclasses import dataclass
@@ -23,8 +22,6 @@ __all__ = [
     "rows_per_step",
     "sink_from_env",
 ]
-
-logger = logging.getLogger("lldmon.trl")
 
 
 def rows_per_step(args: Any) -> int:
@@ -130,14 +127,18 @@ def env_configured() -> bool:
 
 def sink_from_env(args: Any) -> MetricSink | None:
     """`MonitorClient.from_env()` named after `args.run_name` with `args.to_dict()` as its config, or
-    None (logged) when `LLDMON_URL` is not set."""
+    None when `LLDMON_URL` is not set: then the job says so on stderr (rank 0), naming a variable
+    that looks like a misspelling of it. The client prints the line of a monitored job."""
+    from trainer_hooks._announce import is_rank_zero, say_once, unset_note
     from trainer_hooks.client import MonitorClient
 
     if not env_configured():
-        logger.info(
-            "lldmon: no lldmon_sink and LLDMON_URL is not set: monitoring is off (set LLDMON_URL, or pass "
-            "lldmon_sink=MonitorClient(...))"
-        )
+        if is_rank_zero():
+            reason = unset_note("LLDMON_URL", os.environ)
+            say_once(
+                ("off", reason),
+                f"lldmon: monitoring off: {reason}; set it, or pass lldmon_sink=MonitorClient(...)",
+            )
         return None
     run_name = getattr(args, "run_name", None)
     config: dict[str, Any] | None = None

@@ -9,7 +9,7 @@ Vocabulary used here:
   shuffled and split into micro-batches. Each row carries a run-unique trajectory id (`traj_id`).
 - *drift*: a micro-batch drifts when the model has taken at least one optimizer step since its
   rollout batch was generated; only then can log pi_current differ from log pi_old. Micro-batches
-  without drift have D == 0 by construction (the first mini-batch of a rollout, [LLD] sec. 2), so
+  without drift have D == 0 by construction (the first mini-batch of a rollout, docs/science.md section 2), so
   they feed the likelihood *level* metrics but never the delta metrics or the action records.
 """
 

@@ -1,5 +1,5 @@
 """The measurement driver of `MonitoredGRPOTrainer`: what it measures at each TRL seam, when, and
-what it queues for the sink (lld-reference.md section 2; design notes in docs/hooks-trl.md).
+what it queues for the sink (docs/science.md section 2; design notes in docs/hooks-trl.md).
 
 Owned by the trainer, which calls it from its overrides (rollout, loss, after the optimizer step,
 before TRL logs); `LLDMonitorCallback` drains its queues. Every part runs under its own `Guard`:

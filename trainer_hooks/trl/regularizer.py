@@ -1,6 +1,6 @@
 """The LLDS / SAPO driver of `MonitoredGRPOTrainer`: which term is in force for each optimizer step
 (static or from the service's directive), the term added to TRL's loss, and its per-step metrics
-(lld-reference.md sections 4-5; options and scaling in docs/hooks-trl.md).
+(docs/science.md sections 4-5; options and scaling in docs/hooks-trl.md).
 
 Owned by the trainer: it calls `tag_rollout` and `add` from its overrides; `RegularizerCallback`
 calls `check_config`, `step_begin` and `step_end` on every process.

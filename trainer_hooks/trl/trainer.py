@@ -75,7 +75,7 @@ class MonitoredGRPOTrainer(GRPOTrainer):
             "loss_tokens".
 
     Without `lldmon_sink`, the sink is `MonitorClient.from_env()` when `LLDMON_URL` is set (run name
-    from `args.run_name`, config from `args.to_dict()`), else monitoring is off (logged once);
+    from `args.run_name`, config from `args.to_dict()`), else monitoring is off (one line on stderr);
     `lldmon_sink=None` switches it off silently.
 
     Raises:

@@ -1,4 +1,4 @@
-"""The LLDS term the lldmon policy loss adds (lld-reference.md section 4): `llds_loss` of the
+"""The LLDS term the lldmon policy loss adds (docs/science.md section 4): `llds_loss` of the
 micro-batch with LLDS-MA's answer span and V_s (from the probe actor, else the last-action fallback),
 scaled the way verl normalises its loss (docs/hooks-verl.md)."""
 
