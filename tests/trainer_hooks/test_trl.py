@@ -662,6 +662,11 @@ def test_default_schedule_and_logging_deliver_every_step(tmp_path: Path) -> None
     for name in (M.REWARD_MEAN, M.ENTROPY_MEAN, M.GRAD_NORM, M.LOSS, M.ADV_POS_NEG_MASS_RATIO):
         assert sorted(sink.series(name)) == every, name
     assert sorted(set(sink.series(M.DELTA_TRAJ_POS)) | set(sink.series(M.DELTA_TRAJ_NEG))) == every
+    # The probe's 2 rows are drawn by advantage sign: a step whose batch has A > 0 (A < 0) responses,
+    # seen in the rollout-time level of that population, gets that population's exact delta.
+    for level, delta in ((M.LOGP_POS, M.DELTA_TRAJ_POS), (M.LOGP_NEG, M.DELTA_TRAJ_NEG)):
+        assert sorted(sink.series(delta)) == sorted(sink.series(level)), delta
+    assert sorted(set(sink.series(M.LOGP_POS)) & set(sink.series(M.LOGP_NEG))), "no step had both signs"
     assert len(sink.series(M.LOGP_CORRECT)) >= steps - 1  # a batch may have no correct answer
     assert sorted(sink.series(M.ANCHOR_LOGP)) == [5]  # anchor_interval defaults to 5
     assert trainer.lldmon_settings.probe_size == 2 and trainer.lldmon_anchors is not None  # 4 rows per step

@@ -1313,11 +1313,17 @@ def test_probe_of_a_seeded_subset_equals_naive_rescoring_of_those_rows(
     worker, tokenizer = tiny_actor
     settings = tv.LossSettings(llds_lambda=0.2, probe_size=3, probe_seed=5, anchor_size=0)
     monkeypatch.setattr(worker, "_lldmon_settings", lambda: settings)
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    proto = _tiny_batch(tokenizer)
     worker._lldmon_step += 1  # the rows the next step will draw
-    rows = worker._lldmon_probe_rows(len(RESPONSES), settings)[:3]
+    rows = worker._lldmon_probe_rows(
+        left_right_2_no_padding(proto.to_tensordict()), len(RESPONSES), settings
+    )[:3]
     worker._lldmon_step -= 1
     assert len(set(rows.tolist())) == 3
-    proto = _tiny_batch(tokenizer)
+    signs = {float(torch.sign(proto.batch["advantages"][r].sum())) for r in rows.tolist()}
+    assert {1.0, -1.0} <= signs  # drawn by advantage sign: both populations among 3 rows
     before = _score(worker, proto)
     proto.batch["old_log_probs"] = before
     out = tv.map_verl_metrics(_update(worker, proto))

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from contracts import metrics as M
 from trainer_hooks.likelihood import Source, measure_step, response_advantages
+from trainer_hooks.probe_rows import probe_rows
 
 __all__ = [
     "EXACT_DELTA_METRICS",
@@ -210,7 +211,7 @@ class StepAccumulator:
 
 @dataclass
 class ProbeBatch:
-    """A random subset of one rollout batch, kept for exact post-update re-scoring.
+    """A sign-stratified random subset of one rollout batch, kept for exact post-update re-scoring.
 
     Attributes:
         input_ids, attention_mask: (n, P + T) prompt + completion, as TRL scores them.
@@ -255,7 +256,8 @@ class ProbeBatch:
         size: int,
         generator: torch.Generator,
     ) -> ProbeBatch:
-        """Pick `size` rows uniformly (CPU `generator`, so the trainer's RNG streams are untouched).
+        """Pick `size` rows stratified by advantage sign (`trainer_hooks.probe_rows`: one A > 0 and
+        one A < 0 response whenever the batch has both), uniformly within each sign.
 
         With `old_logp` (TRL computed it at rollout time) every probe row is known at once; without
         it the rows are filled by `capture` from the loss's own forward pass, which for such batches
@@ -263,7 +265,7 @@ class ProbeBatch:
         """
         batch, width = completion_ids.shape
         device = completion_ids.device
-        rows = torch.randperm(batch, generator=generator)[: min(size, batch)].sort().values.to(device)
+        rows = probe_rows(advantages, loss_mask, size, generator)
         n = rows.shape[0]
         old = torch.zeros(n + 1, width, dtype=torch.float32, device=device)
         known = torch.zeros(n + 1, dtype=torch.bool, device=device)

@@ -24,6 +24,7 @@ from torch import Tensor
 from trainer_hooks._warn import WarnOnce
 from trainer_hooks.anchors import AnchorSet
 from trainer_hooks.likelihood import measure_step
+from trainer_hooks.probe_rows import probe_rows
 from trainer_hooks.verl.batch import (
     ANSWER_MASK_KEY,
     REWARDS_KEY,
@@ -215,13 +216,19 @@ def _build_class() -> type:
 
         # --- after the update: probe and anchors ------------------------------------------------
 
-        def _lldmon_probe_rows(self, batch: int, settings: LossSettings) -> Tensor:
+        def _lldmon_probe_rows(self, data: Any, batch: int, settings: LossSettings) -> Tensor:
             _, _, rank = self._lldmon_dp()
             gen = torch.Generator().manual_seed(
                 (settings.probe_seed * 1_000_003 + self._lldmon_step * 7919 + rank) % (2**63 - 1)
             )
             n = min(settings.probe_size, batch)
-            rows = torch.randperm(batch, generator=gen)[:n].sort().values
+            adv, mask = padded(column(data, "advantages")), padded(column(data, "response_mask"))
+            if adv is not None and mask is not None and adv.shape[0] == mask.shape[0] == batch:
+                width = min(adv.shape[-1], mask.shape[1]) if adv.dim() == 2 else mask.shape[1]
+                adv = adv[:, :width] if adv.dim() == 2 else adv
+                rows = probe_rows(adv, mask[:, :width], n, gen).cpu()
+            else:  # no advantages to stratify by: a uniform draw
+                rows = torch.randperm(batch, generator=gen)[:n].sort().values
             return rows[self._lldmon_padded_rows(n)]  # the first n are the probe, the rest padding
 
         def _lldmon_probe(self, probe: Any, data: Any, settings: LossSettings) -> dict[str, float]:
@@ -331,7 +338,7 @@ def _build_class() -> type:
             try:
                 counts = self._lldmon_extras(data)
                 if settings.probe_size > 0 and batch > 0:
-                    probe = tu.index_select_tensor_dict(data, self._lldmon_probe_rows(batch, settings))
+                    probe = tu.index_select_tensor_dict(data, self._lldmon_probe_rows(data, batch, settings))
             except Exception as exc:
                 warn(("prepare", type(exc).__name__), "lldmon: probe actor setup failed: %r", exc)
             try:
