@@ -5,6 +5,14 @@ Figures are plotly figure dicts ({"data": [...], "layout": {...}}, what dcc.Grap
 ~100 ms per panel at 1,500 points, a large part of the run page's budget. The tests validate every
 builder's output with `go.Figure`.
 
+Titles: no figure draws a plotly title. Plotly sets it on one line in the top margin, the row where
+the modebar (its toolbar) appears over the graph's top right corner, so a long title would run under the
+toolbar and off the graph's edge. The pages show each graph's title as an HTML heading above the graph
+(`dashboard.layout.graph_card`), where it wraps with the card's width; the top margin holds just the
+modebar (`MODEBAR_ROW`). A figure whose title depends on its data (the action graphs: the step shown, how
+many actions) names it as plain text in `layout.meta["title"]` (`figure_title`) for the page's heading;
+the panels' and the compare graphs' titles are fixed (the panel's, the metric) and the page writes them.
+
 Conventions shared by every run-page panel:
 - one line trace per metric that has data, in the panel's order, then ONE marker trace (alerts,
   directives, phase changes) on a hidden overlay axis `y2` (0..1), so markers sit on the x axis whatever
@@ -64,6 +72,10 @@ LOG_LABELS = 6
 """At most this many labels on a log axis spanning a decade or more (powers of ten only)."""
 LEGEND_ROW = 26
 """Pixels below the x-axis title for a horizontal legend (histogram, quantiles)."""
+MODEBAR_ROW = 30
+"""Top margin of every figure: the row plotly's modebar takes (buttons 22 px high, 2 px from the top), so
+the toolbar covers no data; the graph's title is a heading above it (see the module docstring)."""
+HISTOGRAM_TITLE = "Action deltas D_action"
 
 Figure = dict[str, Any]
 """A plotly figure as a dict: {"data": [trace, ...], "layout": {...}}."""
@@ -386,8 +398,10 @@ def missing_annotations(panel: Panel, present: Sequence[str]) -> list[dict[str, 
     return [_note(", ".join(f"no data for {esc(name)}" for name in missing), center=False, name="missing")]
 
 
-def _title(text: str) -> dict[str, Any]:
-    return {"text": text, "font": {"size": 14}, "x": 0.01, "xanchor": "left"}
+def figure_title(figure: Figure) -> str:
+    """The title a figure names itself by, as plain text for an HTML heading ("" if it names none)."""
+    meta = figure["layout"].get("meta") or {}
+    return str(meta.get("title", ""))
 
 
 LogRange = tuple[float, float]
@@ -445,9 +459,8 @@ def panel_figure(
     return _figure(
         traces,
         {
-            "title": _title(panel.title),
             "height": PANEL_HEIGHT,
-            "margin": {"l": 55, "r": 15, "t": 40, "b": 35},
+            "margin": {"l": 55, "r": 15, "t": MODEBAR_ROW, "b": 35},
             "legend": {"orientation": "h", "y": -0.12, "x": 0, "font": {"size": 11}},
             "hovermode": "closest",
             "xaxis": {"gridcolor": "#eef0f3", "zeroline": False},
@@ -462,13 +475,14 @@ def panel_figure(
 
 
 def empty_figure(message: str, height: int = PANEL_HEIGHT, title: str = "") -> Figure:
-    """A placeholder figure that says why there is nothing to show (`message` and `title` are escaped)."""
+    """A placeholder figure that says why there is nothing to show (`message` is escaped; `title`, the
+    plain text of the page's heading, goes into `layout.meta`, which plotly does not draw)."""
     return _figure(
         [],
         {
-            "title": _title(esc(title)),
+            "meta": {"title": title},
             "height": height,
-            "margin": {"l": 30, "r": 15, "t": 40, "b": 30},
+            "margin": {"l": 30, "r": 15, "t": MODEBAR_ROW, "b": 30},
             "xaxis": {"visible": False},
             "yaxis": {"visible": False},
             "annotations": [_note(esc(message), center=True, name="empty-state")],
@@ -506,7 +520,7 @@ def _legend_below_axis_title() -> dict[str, Any]:
 
 def delta_histogram(columns: Mapping[str, Sequence[Any]], step: int | None) -> Figure:
     """Histogram of D_action at one step, correct (A>0) and incorrect (A<0) responses overlaid."""
-    title = "Action deltas D_action" + (f" at step {step}" if step is not None else "")
+    title = HISTOGRAM_TITLE + (f" at step {step}" if step is not None else "")
     if step is None:
         return empty_figure("no action records at or before this step", title=title, height=ACTION_HEIGHT)
     at = np.asarray(columns["step"], dtype=np.int64) == step
@@ -532,10 +546,10 @@ def delta_histogram(columns: Mapping[str, Sequence[Any]], step: int | None) -> F
     return _figure(
         traces,
         {
-            "title": _title(f"{title} ({int(at.sum())} actions)"),
+            "meta": {"title": f"{title} ({int(at.sum())} actions)"},
             "barmode": "overlay",
             "height": ACTION_HEIGHT,
-            "margin": {"l": 50, "r": 15, "t": 40, "b": 40 + LEGEND_ROW},
+            "margin": {"l": 50, "r": 15, "t": MODEBAR_ROW, "b": 40 + LEGEND_ROW},
             "xaxis": {"title": {"text": "D_action = Σ (log π_new − log π_old)   < 0: likelihood fell"}},
             "yaxis": {"title": {"text": "actions"}},
             "legend": _legend_below_axis_title(),
@@ -549,13 +563,13 @@ PRUNED_TEXT = "raw records pruned by retention; quantiles kept"
 
 def pruned_histogram(step: int) -> Figure:
     """The histogram's place at a step whose raw records retention dropped (its summary is kept)."""
-    return empty_figure(PRUNED_TEXT, title=f"Action deltas D_action at step {step}", height=ACTION_HEIGHT)
+    return empty_figure(PRUNED_TEXT, title=f"{HISTOGRAM_TITLE} at step {step}", height=ACTION_HEIGHT)
 
 
 def delta_quantiles(columns: Mapping[str, Sequence[Any]], positive_only: bool = True) -> Figure:
     """How the D_action distribution shifts over steps: median, 25-75 % and 10-90 % bands per step,
     computed from raw records (the run page reads precomputed summaries: `summary_quantiles`)."""
-    title = _quantiles_title(positive_only)
+    title = quantiles_title(positive_only)
     frame = pd.DataFrame(
         {
             "step": np.asarray(columns.get("step", []), dtype=np.int64),
@@ -578,7 +592,7 @@ def summary_quantiles(summaries: ActionSummaries, positive_only: bool = True) ->
     With both sources in the window (source "all"), each gets its own bands: the probe's exact deltas
     and the loss's cross-mini-batch proxy are different quantities, and their pooled quantiles are not
     stored (nor recoverable from the two sets)."""
-    title = _quantiles_title(positive_only)
+    title = quantiles_title(positive_only)
     levels = np.asarray(summaries.levels, dtype=np.float64)
     steps = np.asarray(summaries.steps, dtype=np.int64)
     sources = np.asarray(summaries.sources, dtype=object)
@@ -600,7 +614,7 @@ def summary_quantiles(summaries: ActionSummaries, positive_only: bool = True) ->
     return _quantile_figure(traces, title)
 
 
-def _quantiles_title(positive_only: bool) -> str:
+def quantiles_title(positive_only: bool = True) -> str:
     return "D_action quantiles over steps" + (" (A>0 actions)" if positive_only else "")
 
 
@@ -662,9 +676,9 @@ def _quantile_figure(traces: list[dict[str, Any]], title: str) -> Figure:
     return _figure(
         traces,
         {
-            "title": _title(title),
+            "meta": {"title": title},
             "height": ACTION_HEIGHT,
-            "margin": {"l": 50, "r": 15, "t": 40, "b": 40 + LEGEND_ROW},
+            "margin": {"l": 50, "r": 15, "t": MODEBAR_ROW, "b": 40 + LEGEND_ROW},
             "xaxis": {"title": {"text": "step"}},
             "yaxis": {"title": {"text": "D_action"}},
             "legend": _legend_below_axis_title(),
@@ -688,7 +702,7 @@ def compare_figure(metric: str, runs: Sequence[CompareRun]) -> Figure:
 
     `metric` and the runs' labels are user text: escaped here."""
     if not any(r.series is not None and r.series.steps for r in runs):
-        return empty_figure(f"no data for {metric}", title=metric, height=COMPARE_HEIGHT)
+        return empty_figure(f"no data for {metric}", height=COMPARE_HEIGHT)
     runs = [CompareRun(esc(r.label), r.series, r.collapse_step) for r in runs]
     log = metric in LOG_METRICS
     extent = log_range(v for r in runs if r.series is not None for v in r.series.values) if log else None
@@ -733,9 +747,8 @@ def compare_figure(metric: str, runs: Sequence[CompareRun]) -> Figure:
     return _figure(
         traces,
         {
-            "title": _title(esc(metric)),
             "height": COMPARE_HEIGHT,
-            "margin": {"l": 55, "r": 15, "t": 40, "b": 35},
+            "margin": {"l": 55, "r": 15, "t": MODEBAR_ROW, "b": 35},
             "xaxis": {"gridcolor": "#eef0f3"},
             "yaxis": _y_axis(log, extent),
             "legend": {"orientation": "h", "y": -0.2},

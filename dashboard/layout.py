@@ -140,6 +140,18 @@ def ago(moment: datetime | None, now: datetime | None = None) -> str:
     return f"{seconds // 86400} d ago"
 
 
+def graph_card(title: str, graph: dcc.Graph, *, title_id: str | None = None, card: bool = True) -> html.Div:
+    """`graph` under an HTML heading that holds its title (figures draw none: `dashboard.figures`). The
+    heading wraps with the box's width, so a long title stays whole at any window width and never runs
+    under the modebar plotly shows over the graph's top right corner. `card=False` for a graph inside a
+    card of its own (no border within a border); `title_id` for a heading a callback rewrites."""
+    heading_id: dict[str, Any] = {"id": title_id} if title_id is not None else {}
+    return html.Div(
+        [html.H4(title, className="graph-title", **heading_id), graph],
+        className="graph-card card" if card else "graph-card",
+    )
+
+
 def error_page(title: str, message: str, path_for: PathFor) -> Component:
     return html.Div(
         [html.H2(title), html.P(message), dcc.Link("back to the runs", href=path_for("/"))],

@@ -62,6 +62,9 @@ table.grid th { background: #f0f2f5; font-weight: 600; font-size: 13px; }
 .muted { color: #6a737d; }
 .panels { display: grid; grid-template-columns: repeat(auto-fill, minmax(520px, 1fr)); gap: 12px; }
 .panels .card { padding: 4px 6px; margin: 0; }
+.graph-card { min-width: 0; }
+.graph-title { margin: 4px 6px 0; font-size: 14px; font-weight: 600; line-height: 1.35;
+               overflow-wrap: anywhere; }
 .runhead { display: flex; flex-wrap: wrap; gap: 16px; align-items: center; }
 .runhead h2 { margin: 0; font-size: 20px; }
 .controls { display: flex; flex-wrap: wrap; gap: 10px; align-items: center; }

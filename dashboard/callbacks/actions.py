@@ -19,10 +19,14 @@ from dashboard import inputs
 from dashboard.auth import current_principal
 from dashboard.callbacks.base import DashContext, error_text
 from dashboard.figures import (
+    ACTION_HEIGHT,
+    HISTOGRAM_TITLE,
     Figure,
     delta_histogram,
     empty_figure,
+    figure_title,
     pruned_histogram,
+    quantiles_title,
     summary_quantiles,
 )
 from monitor.api.state import AppState
@@ -58,8 +62,7 @@ def action_figures(
     if chosen_step is None:
         chosen_step = state.runs.get(principal, rid).last_step
     if chosen_step is None:
-        empty = empty_figure("no steps logged yet")
-        return empty, empty
+        return _placeholders("no steps logged yet")
     return _action_figures(state, principal, rid, chosen_step, steps, src, budget)
 
 
@@ -77,8 +80,16 @@ def _action_figures(
     first = _budget_start(summaries, budget) if budget is not None else lo
     quantiles = summary_quantiles(_from_step(summaries, first) if first > lo else summaries)
     if first > lo and summaries.steps:
-        quantiles["layout"]["title"]["text"] += f" · steps {first}-{step} (row budget)"
+        quantiles["layout"]["meta"]["title"] += f" · steps {first}-{step} (row budget)"
     return _histogram(state, principal, run_id, summaries, src), quantiles
+
+
+def _placeholders(message: str) -> tuple[Figure, Figure]:
+    """(histogram, quantiles) that say `message` under their usual titles."""
+    return (
+        empty_figure(message, height=ACTION_HEIGHT, title=HISTOGRAM_TITLE),
+        empty_figure(message, height=ACTION_HEIGHT, title=quantiles_title()),
+    )
 
 
 def _histogram(
@@ -125,14 +136,16 @@ def register(app: Dash, ctx: DashContext) -> None:
     @app.callback(
         Output("action-hist", "figure"),
         Output("action-quantiles", "figure"),
+        Output("action-hist-title", "children"),
+        Output("action-quantiles-title", "children"),
         Input("run-id", "data"),
         Input("action-step", "value"),
         Input("action-window", "value"),
         Input("action-source", "value"),
     )
-    def _actions(run_id: object, step: object, window: object, source: object) -> tuple[Any, Any]:
+    def _actions(run_id: object, step: object, window: object, source: object) -> tuple[Any, ...]:
         try:
-            return action_figures(ctx.state, current_principal(), run_id, step, window, source)
+            hist, quantiles = action_figures(ctx.state, current_principal(), run_id, step, window, source)
         except LLDMonError as exc:
-            fig = empty_figure(error_text(exc))
-            return fig, fig
+            hist, quantiles = _placeholders(error_text(exc))
+        return hist, quantiles, figure_title(hist), figure_title(quantiles)

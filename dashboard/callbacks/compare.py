@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from dash import MATCH, Dash, Input, Output, State, dcc, html, no_update
+from dash import MATCH, Dash, Input, Output, State, dcc, no_update
 
 from contracts.metrics import CANONICAL_METRICS
 from dashboard import data, inputs
 from dashboard.auth import current_principal
 from dashboard.callbacks.base import DashContext, error_text
 from dashboard.figures import COMPARE_HEIGHT, CompareRun, Figure, compare_figure, empty_figure
+from dashboard.layout import graph_card
 from dashboard.pages.compare import MAX_RUNS, parse_query, query_string
 from dashboard.pages.run import GRAPH_CONFIG
 from monitor.api.state import AppState
@@ -72,16 +73,16 @@ def compare_metric_figure(
 
 
 def graph_slots(metrics: object) -> list[Any]:
-    """One card per metric; each graph's own callback fills it."""
+    """One card per metric, titled by the metric (text, never markup); each graph's own callback fills it."""
     return [
-        html.Div(
+        graph_card(
+            metric,
             dcc.Graph(
                 id={"type": "compare-graph", "metric": metric},
-                figure=empty_figure("loading ...", title=metric, height=COMPARE_HEIGHT),
+                figure=empty_figure("loading ...", height=COMPARE_HEIGHT),
                 config=GRAPH_CONFIG,
                 style={"height": f"{COMPARE_HEIGHT}px"},
             ),
-            className="card",
         )
         for metric in inputs.metric_names(metrics)
     ]

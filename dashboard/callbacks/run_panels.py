@@ -92,7 +92,7 @@ def panel_load(state: AppState, principal: Principal, run_id: object, panel: Pan
     try:
         return load_panel(state, principal, run_id, panel)
     except LLDMonError as exc:
-        return empty_figure(error_text(exc), title=panel.title), None
+        return empty_figure(error_text(exc)), None
 
 
 def _log_range(

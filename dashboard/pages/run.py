@@ -12,9 +12,17 @@ from dash.development.base_component import Component
 
 from contracts.wire import DIRECTIVE_POLICIES
 from dashboard.data import RunContext
-from dashboard.figures import ACTION_HEIGHT, PANEL_HEIGHT, LegendEntry, empty_figure, legend_entries
+from dashboard.figures import (
+    ACTION_HEIGHT,
+    HISTOGRAM_TITLE,
+    PANEL_HEIGHT,
+    LegendEntry,
+    empty_figure,
+    legend_entries,
+    quantiles_title,
+)
 from dashboard.inputs import DEFAULT_ACTION_WINDOW, MAX_ACTION_WINDOW
-from dashboard.layout import PathFor, ago, phase_badge, status_badge, tag_list
+from dashboard.layout import PathFor, ago, graph_card, phase_badge, status_badge, tag_list
 from dashboard.panels import PANELS
 from dashboard.theme import BAND_OPACITY, SYMBOL_GLYPHS
 from monitor.detector.explain import (
@@ -60,15 +68,15 @@ def layout(
             legend_card(),
             html.Div(
                 [
-                    html.Div(
+                    graph_card(
+                        panel.title,
                         dcc.Graph(
                             id=f"panel-{panel.key}",
-                            figure=empty_figure("loading ...", title=panel.title),
+                            figure=empty_figure("loading ..."),
                             config=GRAPH_CONFIG,
                             className="panel-graph",
                             style={"height": f"{PANEL_HEIGHT}px"},
                         ),
-                        className="card",
                     )
                     for panel in PANELS
                 ],
@@ -231,13 +239,21 @@ def actions_card() -> Component:
             ),
             html.Div(
                 [
-                    dcc.Graph(
-                        id=graph_id,
-                        figure=empty_figure("loading ...", height=ACTION_HEIGHT),
-                        config=GRAPH_CONFIG,
-                        style={"height": f"{ACTION_HEIGHT}px"},
+                    graph_card(
+                        title,
+                        dcc.Graph(
+                            id=graph_id,
+                            figure=empty_figure("loading ...", height=ACTION_HEIGHT, title=title),
+                            config=GRAPH_CONFIG,
+                            style={"height": f"{ACTION_HEIGHT}px"},
+                        ),
+                        title_id=f"{graph_id}-title",  # the callback names the step shown
+                        card=False,
                     )
-                    for graph_id in ("action-hist", "action-quantiles")
+                    for graph_id, title in (
+                        ("action-hist", HISTOGRAM_TITLE),
+                        ("action-quantiles", quantiles_title()),
+                    )
                 ],
                 className="panels",
             ),

@@ -89,18 +89,18 @@ def test_a_500_step_window_is_whole_and_reads_one_step_of_records(
     hist, quantiles = action_figures(state, OPEN, run_id, 599, 500, "all")
     got = bands(quantiles)
     assert got["x"] == list(range(100, 600))
-    assert "row budget" not in quantiles["layout"]["title"]["text"]
+    assert "row budget" not in quantiles["layout"]["meta"]["title"]
     want = positive_quantiles(sent, got["x"])
     np.testing.assert_allclose(got["p50"], want[:, 2], rtol=1e-12)
     np.testing.assert_allclose(got["p10"], want[:, 0], rtol=1e-12)
     np.testing.assert_allclose(got["p90"], want[:, 4], rtol=1e-12)
     assert [r[2:4] for r in reads] == [(599, 599)]  # only the histogram's step is decoded
-    assert "step 599 (128 actions)" in go.Figure(hist).layout.title.text
+    assert "step 599 (128 actions)" in go.Figure(hist).layout.meta["title"]
     # A smaller window ends at the chosen step; a step without records shows the last one before it.
     _, short = action_figures(state, OPEN, run_id, 650, 100, "loss")
     assert bands(short)["x"] == list(range(551, 600))
     hist, _ = action_figures(state, OPEN, run_id, 650, 100, "loss")
-    assert "step 599" in hist["layout"]["title"]["text"]
+    assert "step 599" in hist["layout"]["meta"]["title"]
 
 
 def test_pruned_steps_keep_their_bands_and_say_so_in_the_histogram(
@@ -117,16 +117,16 @@ def test_pruned_steps_keep_their_bands_and_say_so_in_the_histogram(
     assert got["x"] == list(range(30))  # pruned steps 0-19 included
     sent = {k: old[k] + new[k] for k in old}
     np.testing.assert_allclose(got["p50"], positive_quantiles(sent, got["x"])[:, 2], rtol=1e-12)
-    assert "step 29 (40 actions)" in go.Figure(hist).layout.title.text
+    assert "step 29 (40 actions)" in go.Figure(hist).layout.meta["title"]
     for step in (19, 5):  # pruned: the reason, not an empty plot or an earlier step
         hist, _ = action_figures(state, OPEN, run_id, step, 100, "all")
         figure = go.Figure(hist)
         assert figure.layout.annotations[0].text == PRUNED_TEXT
-        assert f"at step {step}" in figure.layout.title.text
+        assert f"at step {step}" in figure.layout.meta["title"]
     # A pruned step written again holds the new records only.
     again = ingest(state, run_id, range(19, 20), 12)
     hist, _ = action_figures(state, OPEN, run_id, 19, 100, "loss")
-    assert "step 19 (12 actions)" in hist["layout"]["title"]["text"]
+    assert "step 19 (12 actions)" in hist["layout"]["meta"]["title"]
     assert len(again["step"]) == 12
 
 

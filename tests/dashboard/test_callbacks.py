@@ -228,17 +228,17 @@ def test_action_distribution(client: TestClient, state: AppState) -> None:
     client.post(f"{API_PREFIX}/runs/{run_id}/metrics", json=body)
     hist, quantiles = (go.Figure(f) for f in action_figures(state, OPEN, run_id, 5, 100, "all"))
     # step 5 has no records: the histogram shows step 4
-    assert "step 4" in hist.layout.title.text and sum(len(t.x) for t in hist.data) == 8
+    assert "step 4" in hist.layout.meta["title"] and sum(len(t.x) for t in hist.data) == 8
     median = next(t for t in quantiles.data if t.name == "median")
     assert list(median.x) == [3, 4]
     latest, _ = action_figures(state, OPEN, run_id, None, 100, None)  # no step chosen: the latest
-    assert "step 6" in latest["layout"]["title"]["text"]
+    assert "step 6" in latest["layout"]["meta"]["title"]
     none, _ = action_figures(state, OPEN, run_id, 2, 100, "probe")
     assert none["layout"]["annotations"][0]["name"] == "empty-state"
     # A row budget shortens the window from the oldest end and says so.
     _, budgeted = action_figures(state, OPEN, run_id, 6, 100, "all", budget=10)
     assert list(go.Figure(budgeted).data[-1].x) == [6]
-    assert "(row budget)" in budgeted["layout"]["title"]["text"]
+    assert "(row budget)" in budgeted["layout"]["meta"]["title"]
 
 
 def test_runs_table_filters(client: TestClient, dctx: DashContext, collapsed: int) -> None:
@@ -280,7 +280,9 @@ def test_compare_runs(client: TestClient, state: AppState, collapsed: int) -> No
     assert "pick 2 to 4 runs to compare" in compare_options(state, OPEN, [collapsed])[0]
     unknown = go.Figure(compare_metric_figure(state, OPEN, [collapsed, 999], M.REWARD_MEAN))
     assert len(unknown.data) == 1
-    assert [c.children.id for c in graph_slots([M.KL_OLD])] == [{"type": "compare-graph", "metric": M.KL_OLD}]
+    [slot] = graph_slots([M.KL_OLD])
+    heading, graph = slot.children
+    assert heading.children == M.KL_OLD and graph.id == {"type": "compare-graph", "metric": M.KL_OLD}
 
 
 def test_pages_by_url(client: TestClient, dctx: DashContext, state: AppState, collapsed: int) -> None:

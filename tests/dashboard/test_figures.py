@@ -277,7 +277,7 @@ def test_delta_histogram_splits_by_advantage_sign() -> None:
     names = [t.name for t in fig.data]
     assert names == ["A>0 (correct) n=2", "A<0 (incorrect) n=1", "A=0 n=1"]
     assert sorted(fig.data[0].x) == [-0.5, 0.1]
-    assert "step 5" in fig.layout.title.text and fig.layout.barmode == "overlay"
+    assert "step 5" in fig.layout.meta["title"] and fig.layout.barmode == "overlay"
     assert delta_histogram(ACTIONS, None).layout.annotations[0].name == "empty-state"
 
 
@@ -307,6 +307,29 @@ def test_compare_figure_overlays_runs_by_step() -> None:
     assert compare_figure(M.REWARD_MEAN, [CompareRun("a", None)]).layout.annotations[0].text == (
         "no data for reward/mean"
     )
+
+
+def test_no_figure_draws_a_title_in_the_modebar_row() -> None:
+    """Titles are the pages' HTML headings (the browser test measures them clear of the modebar); a
+    figure's top margin is the modebar's row, and a title that depends on the data is plain text in
+    `layout.meta`, never drawn."""
+    deltas = PANELS_BY_KEY["deltas"]
+    figures = {
+        "panel": panel_figure(deltas, {M.DELTA_TRAJ_POS: series(M.DELTA_TRAJ_POS)}),
+        "empty": empty_figure("no data", title="Share of A>0 responses <b>"),
+        "histogram": delta_histogram(ACTIONS, 5),
+        "quantiles": delta_quantiles(ACTIONS),
+        "compare": compare_figure(M.GRAD_NORM, [CompareRun("a", series(M.GRAD_NORM))]),
+    }
+    for name, fig in figures.items():
+        assert fig.layout.title.text is None, name
+        assert fig.layout.margin.t == F.MODEBAR_ROW, name
+    assert F.figure_title(F.empty_figure("no data", title="Share of A>0 responses <b>")) == (
+        "Share of A>0 responses <b>"
+    )
+    assert F.figure_title(F.delta_histogram(ACTIONS, 5)) == "Action deltas D_action at step 5 (4 actions)"
+    assert F.figure_title(F.delta_quantiles(ACTIONS)) == "D_action quantiles over steps (A>0 actions)"
+    assert F.figure_title(F.panel_figure(deltas, {})) == ""  # the page writes the panel's title
 
 
 def test_the_run_page_queries_only_canonical_metrics() -> None:
