@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from dashboard import inputs
 from dashboard.auth import current_principal
 from dashboard.callbacks.base import DashContext, error_text, validation_text
-from monitor.api.schemas import DirectiveIn, PolicyIn
+from monitor.api.schemas import DirectiveIn, LLDSIn, PolicyIn
 from monitor.domain import Principal
 from monitor.errors import LLDMonError
 
@@ -31,12 +31,15 @@ ACTIONS: Final = ("llds-on", "llds-off", "policy-apply", *LEVERS)
 """The buttons (their component ids)."""
 
 
-def directive_body(enabled: bool, lam: object, reason: str) -> DirectiveIn:
-    """The PUT /directive body for these values (an empty lambda box: the API's default lambda)."""
+def directive_body(enabled: bool, lam: object, reason: str) -> tuple[LLDSIn, str]:
+    """The LLDS lever and reason of the PUT /directive body for these values, validated as the API
+    validates them (an empty lambda box: the API's default lambda)."""
     llds: dict[str, object] = {"enabled": enabled}
     if lam is not None and lam != "":
         llds["lam"] = lam
-    return DirectiveIn.model_validate({"llds": llds, "reason": reason})
+    body = DirectiveIn.model_validate({"llds": llds, "reason": reason})
+    assert body.llds is not None  # given above
+    return body.llds, body.reason
 
 
 def set_llds(
@@ -45,13 +48,13 @@ def set_llds(
     """Switch LLDS; returns (message, ok)."""
     reason = f"dashboard: LLDS switched {'on' if enabled else 'off'} by hand"
     try:
-        body = directive_body(enabled, lam, reason)
+        llds, reason = directive_body(enabled, lam, reason)
         directive = ctx.state.directives.set_manual(
             principal,
             inputs.run_id(run_id),
-            llds_enabled=body.llds.enabled,
-            llds_lambda=body.llds.lam,
-            reason=body.reason,
+            llds_enabled=llds.enabled,
+            llds_lambda=llds.lam,
+            reason=reason,
         )
     except ValidationError as exc:
         return validation_text(exc), False
@@ -122,8 +125,8 @@ def _what(action: str, lam: object, policy: object) -> str:
         return "stop its training (the trainer saves a checkpoint, then ends)"
     if action == "stop-on-collapse":
         return "change whether it stops on collapse"
-    body = directive_body(action == "llds-on", lam, "")
-    return f"switch LLDS {'on' if body.llds.enabled else 'off'} (λ={body.llds.lam:g})"
+    llds, _ = directive_body(action == "llds-on", lam, "")
+    return f"switch LLDS {'on' if llds.enabled else 'off'} (λ={llds.lam:g})"
 
 
 def apply_action(
