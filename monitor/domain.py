@@ -292,3 +292,19 @@ class RunSummary:
     alerts: list[AlertInfo]
     directives: list[DirectiveInfo]
     directive: DirectiveInfo
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """A run's liveness as the API shows it: thresholds set on the run (None: defaults) and in force."""
+
+    run_id: int
+    status: str
+    last_seen_at: datetime
+    last_step_at: datetime | None
+    silent_s: float
+    stall_after_s: float | None
+    crash_after_s: float | None
+    effective_stall_after_s: float
+    effective_crash_after_s: float
+    median_step_s: float | None

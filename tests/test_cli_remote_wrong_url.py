@@ -1,6 +1,7 @@
 """The remote CLI pointed at something that is not an lldmon API (a dashboard URL, a server answering
 HTML, one answering 404/405, JSON of another service) or at a closed port: one line naming the URL and
-what answered, exit 1, for every command that goes over `--url`; never a traceback."""
+what answered, exit 1, for every command that goes over `--url` (`sync` too, its spool kept); never a
+traceback."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from contracts import spool
+from contracts.spool import RunIdentity, SpoolEntry
 from monitor.cli import app
 
 runner = CliRunner()
@@ -80,6 +83,7 @@ def closed_port() -> str:
 
 
 def _commands(tmp_path: Path) -> list[list[str]]:
+    """Every command over --url; `sync` last."""
     log = tmp_path / "log.csv"
     log.write_text("step,reward/mean\n1,0.5\n2,0.6\n")
     return [
@@ -93,7 +97,17 @@ def _commands(tmp_path: Path) -> list[list[str]]:
         ["export", "1", "-o", str(tmp_path / "out.csv")],
         ["export", "1", "--actions", "-o", str(tmp_path / "actions.csv")],
         ["import", str(log), "--run", "r", "--format", "csv"],
+        ["sync", str(_spooled(tmp_path))],
     ]
+
+
+def _spooled(tmp_path: Path) -> Path:
+    """A spool with one batch, which a sync that reaches no lldmon API must leave where it is."""
+    directory = tmp_path / "spool"
+    if not directory.exists():
+        body = {"batch_id": "b-1", "steps": [1], "metrics": {"loss": [0.5]}}
+        spool.write_entry(directory, SpoolEntry(run=RunIdentity("r", "nq"), kind="metrics", body=body))
+    return directory
 
 
 def _one_line_error(args: list[str], url: str) -> str:
@@ -103,6 +117,11 @@ def _one_line_error(args: list[str], url: str) -> str:
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), (args, result.output)
     assert "Traceback" not in result.output
+    if args[0] == "sync":  # the message, then what the sync did: nothing, the batch still spooled
+        tally = " (sync stopped: sent 0, duplicates 0, rejected 0, remaining 1)"
+        assert lines[0].endswith(tally), lines
+        assert [e.batch_id for e in spool.iter_entries(Path(args[1]))] == ["b-1"]
+        return lines[0].removesuffix(tally)
     return lines[0]
 
 
@@ -129,7 +148,8 @@ def test_an_html_error_page_is_not_an_api_error(html_error: str, tmp_path: Path)
 
 
 def test_json_of_another_service_is_not_an_lldmon_answer(other_json: str, tmp_path: Path) -> None:
-    for args in _commands(tmp_path)[:5]:
+    commands = _commands(tmp_path)
+    for args in [*commands[:5], commands[-1]]:
         line = _one_line_error(args, other_json)
         assert f"{other_json} did not answer as an lldmon API (JSON without" in line, line
 

@@ -13,7 +13,6 @@ from contracts.wire import encode_float
 from monitor.api.unicode import invalid_text_path
 from monitor.detector.explain import explain_finding, explain_phase_change
 from monitor.domain import AlertInfo, DirectiveInfo, IngestAck, PhaseEventInfo, RunInfo, RunSummary
-from monitor.services.runs import config_problem
 
 Name = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00]+$")]
 ProjectName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00]+$")]
@@ -86,6 +85,9 @@ class RunCreate(_Strict):
         """Depth and size of `config`, checked before anything walks it (this runs before the text
         check): a config too deep to serialise was once stored and then broke every run listing."""
         if isinstance(data, dict) and "config" in data:
+            # Imported here: the CLI's remote mode reads these schemas without the store (SQLAlchemy).
+            from monitor.services.runs import config_problem
+
             problem = config_problem(data["config"])
             if problem is not None:
                 raise _refuse("config", problem)

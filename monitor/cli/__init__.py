@@ -4,10 +4,15 @@ Local commands work on the database (`--database-url` / `--data-dir`); `runs`, `
 `export` and `import` also work on a remote service over its HTTP API with `--url` / `LLDMON_URL` and
 `--token` / `LLDMON_TOKEN` (the token's project scope). `serve`, `db`, `token` and `auth` administer the
 server itself and stay local.
+
+The remote mode, `sync` and `watch` need the `cli` extra only (numpy, pydantic: no FastAPI, SQLAlchemy or
+Dash): a command imports the server's packages only on its local path.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 import typer
@@ -52,14 +57,15 @@ def main() -> None:
     try:
         app()
     except ModuleNotFoundError as exc:
-        extra = _extra_providing(exc.name or "")
+        words, command = _invoked()
+        extra = _extra_providing(exc.name or "", prefer="cli" if _over_http(command) else "server")
         if extra is None:
             raise
         from rich.markup import escape
 
         install = f"pip install 'lldmon[{extra}] @ <wheel, checkout or git URL>'"
         console.print(
-            f"[red]error:[/red] {escape(_command_path())} needs lldmon's {extra} extra ({exc.name!r} is "
+            f"[red]error:[/red] {escape(words)} needs lldmon's {extra} extra ({exc.name!r} is "
             f"not installed): {escape(install)}",
             highlight=False,
             soft_wrap=True,
@@ -67,10 +73,8 @@ def main() -> None:
         raise SystemExit(1) from None
 
 
-def _command_path() -> str:
-    """`lldmon runs list` from sys.argv (the sub-command names only)."""
-    import sys
-
+def _invoked() -> tuple[str, Any]:
+    """`lldmon runs list` from sys.argv (the sub-command names only), and that command."""
     words = ["lldmon"]
     command: Any = typer.main.get_command(app)
     for arg in sys.argv[1:]:
@@ -79,15 +83,26 @@ def _command_path() -> str:
             break
         words.append(arg)
         command = commands[arg]
-    return " ".join(words)
+    return " ".join(words), command
+
+
+def _over_http(command: Any) -> bool:
+    """Whether `command` was run against a service's HTTP API, which the `cli` extra covers: `sync` and
+    `watch` always (their --url has a default), the others with --url or LLDMON_URL."""
+    url = next((p for p in getattr(command, "params", []) if p.name == "url"), None)
+    if url is None:
+        return False
+    given = any(arg == "--url" or arg.startswith("--url=") for arg in sys.argv[1:])
+    return url.default is not None or given or bool(os.environ.get("LLDMON_URL"))
 
 
 _TEST_EXTRAS = ("verl-test", "dev")
 
 
-def _extra_providing(module: str) -> str | None:
-    """The first extra in lldmon's metadata that installs top-level `module` (distribution
-    `prometheus-client` -> module `prometheus_client`), or None."""
+def _extra_providing(module: str, prefer: str) -> str | None:
+    """The extra in lldmon's metadata that installs top-level `module` (distribution `prometheus-client`
+    -> module `prometheus_client`): `prefer` if it is one of them (numpy is in `cli` and `server`),
+    else the first; None if none does."""
     import importlib.metadata
     import re
 
@@ -96,6 +111,7 @@ def _extra_providing(module: str) -> str | None:
     except importlib.metadata.PackageNotFoundError:
         return None
     top = module.partition(".")[0].lower()
+    extras = []
     for requirement in requirements:
         name = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement)
         extra = re.search(r"""extra\s*==\s*["']([^"']+)["']""", requirement)
@@ -105,5 +121,5 @@ def _extra_providing(module: str) -> str | None:
             and extra.group(1) not in _TEST_EXTRAS
             and re.sub(r"[-.]+", "_", name.group(1)).lower() == top
         ):
-            return extra.group(1)
-    return None
+            extras.append(extra.group(1))
+    return prefer if prefer in extras else next(iter(extras), None)

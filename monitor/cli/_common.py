@@ -105,6 +105,14 @@ def settings_from(database_url: str | None, data_dir: Path | None, **extra: Any)
         raise typer.Exit(2) from None
 
 
+def require_server() -> None:
+    """Import what the local mode needs (the server extra) now: a command that works before it opens the
+    database (`import` parses its whole input first) names a missing extra before that work, not after."""
+    import importlib
+
+    importlib.import_module("monitor.api.app")
+
+
 def services(database_url: str | None, data_dir: Path | None, **extra: Any) -> Any:
     from monitor.api.app import SchemaOutdated, build_state
 

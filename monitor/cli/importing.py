@@ -7,7 +7,15 @@ from typing import Annotated, Any
 
 import typer
 
-from monitor.cli._common import DatabaseUrl, DataDir, RemoteToken, RemoteUrl, console, services
+from monitor.cli._common import (
+    DatabaseUrl,
+    DataDir,
+    RemoteToken,
+    RemoteUrl,
+    console,
+    require_server,
+    services,
+)
 
 
 def import_logs(
@@ -85,6 +93,7 @@ def import_logs(
         if code:
             raise typer.Exit(code)
         return
+    require_server()
     # An old log should not page anyone: webhook and Slack sinks only with --notify.
     quiet: dict[str, Any] = {} if notify else {"webhook_urls": [], "slack_webhook_urls": []}
     code = run_import(options, console, lambda: services(database_url, data_dir, **quiet))

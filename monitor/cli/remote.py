@@ -27,6 +27,7 @@ from monitor.domain import (
     AlertInfo,
     DeliveryInfo,
     DirectiveInfo,
+    Liveness,
     MetricLast,
     MetricSummary,
     PhaseEventInfo,
@@ -98,27 +99,35 @@ class Api:
     def close(self) -> None:
         self.http.close()
 
-    def response(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """The successful response; a transport failure or an error status raises an LLDMonError."""
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """The response, whatever its status; a transport failure raises ServiceUnavailable."""
         try:
-            response = self.http.request(method, path, **kwargs)
+            return self.http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
             raise ServiceUnavailable(f"cannot reach {self.base_url}: {type(exc).__name__}: {exc}") from None
-        return self.check(response)
+
+    def response(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """The successful response; a transport failure or an error status raises an LLDMonError."""
+        return self.check(self.request(method, path, **kwargs))
 
     def check(self, response: httpx.Response) -> httpx.Response:
         """`response` if it is a success, else the domain error its status and body name."""
         if response.is_success:
             return response
-        if _json_body(response) is None:  # the API's errors are JSON too: this is another server
-            raise self.not_an_api(response, _kind(response))
+        raise self.error(response)
+
+    def error(self, response: httpx.Response) -> LLDMonError:
+        """The domain error an error `response` stands for: the one its status and JSON body name, or
+        NotAnApi when the body is not JSON (the API's errors are JSON too: this is another server)."""
+        if _json_body(response) is None:
+            return self.not_an_api(response, _kind(response))
         message, field = _error_of(response)
         if response.status_code == 401:
             message += " (pass --token or set LLDMON_TOKEN)" if not self.has_token else " (check --token)"
         error = _ERRORS.get(response.status_code, LLDMonError)
         if error is LLDMonError:
             message = f"HTTP {response.status_code} from {self.base_url}: {message}"
-        raise error(message, field=field)
+        return error(message, field=field)
 
     @overload
     def json(self, method: str, path: str, decode: Callable[[Any], T], **kwargs: Any) -> T: ...
@@ -188,7 +197,7 @@ def _missing(exc: BaseException) -> str:
     return f"the expected shape: {type(exc).__name__}: {exc}"[:200]
 
 
-def _list_of(decode: Callable[[Any], Any]) -> Callable[[Any], list[Any]]:
+def list_of(decode: Callable[[Any], Any]) -> Callable[[Any], list[Any]]:
     """A decoder of a JSON array whose items `decode` reads (an object where a list belongs is a
     TypeError, not an empty list)."""
 
@@ -326,7 +335,7 @@ class RemoteRuns:
             "offset": query.offset,
         }
         params = {k: v for k, v in params.items() if v is not None}
-        return self.api.json("GET", "/runs", params=params, decode=_list_of(run_of))
+        return self.api.json("GET", "/runs", params=params, decode=list_of(run_of))
 
     def get(self, principal: Principal, run_id: int) -> RunInfo:
         return self.api.json("GET", f"/runs/{run_id}", decode=run_of)
@@ -344,7 +353,7 @@ class RemoteQuery:
         def metric(r: dict[str, Any]) -> MetricSummary:
             return MetricSummary(r["name"], r["points"], r["first_step"], r["last_step"])
 
-        return self.api.json("GET", f"/runs/{run_id}/metric-names", decode=_list_of(metric))
+        return self.api.json("GET", f"/runs/{run_id}/metric-names", decode=list_of(metric))
 
     def history(
         self, principal: Principal, run_id: int, names: Sequence[str] | None, *_: Any, **__: Any
@@ -362,7 +371,7 @@ class RemoteQuery:
 
     def history_csv(self, series: list[Series], nonfinite: Any = "wire") -> str:
         """The same CSV as the service writes (the rendering needs no database)."""
-        from monitor.services.query import history_csv
+        from monitor.services.tables import history_csv
 
         return history_csv(series, nonfinite)
 
@@ -371,7 +380,7 @@ class RemoteQuery:
         return self.api.json("GET", f"/runs/{run_id}/summary", decode=lambda body: _summary_of(run_id, body))
 
     def phase_events(self, principal: Principal, run_id: int) -> list[PhaseEventInfo]:
-        decode = _list_of(lambda e: phase_event_of(run_id, e))
+        decode = list_of(lambda e: phase_event_of(run_id, e))
         return self.api.json("GET", f"/runs/{run_id}/events", decode=decode)
 
 
@@ -437,7 +446,7 @@ class RemoteAlerts:
 
     def list(self, principal: Principal, run_id: int, status: str | None = None) -> list[AlertInfo]:
         params = {"status": status} if status else {}
-        decode = _list_of(lambda a: alert_of(run_id, a))
+        decode = list_of(lambda a: alert_of(run_id, a))
         return self.api.json("GET", f"/runs/{run_id}/alerts", params=params, decode=decode)
 
     def acknowledge(self, principal: Principal, run_id: int, alert_id: int) -> AlertInfo:
@@ -450,19 +459,17 @@ class RemoteLiveness:
     def __init__(self, api: Api) -> None:
         self.api = api
 
-    def get(self, principal: Principal, run_id: int) -> Any:
+    def get(self, principal: Principal, run_id: int) -> Liveness:
         return self.api.json("GET", f"/runs/{run_id}/liveness", decode=_liveness_of)
 
     def set_thresholds(
         self, principal: Principal, run_id: int, stall_after_s: float | None, crash_after_s: float | None
-    ) -> Any:
+    ) -> Liveness:
         body = {"stall_after_s": stall_after_s, "crash_after_s": crash_after_s}
         return self.api.json("PUT", f"/runs/{run_id}/liveness", json=body, decode=_liveness_of)
 
 
-def _liveness_of(body: dict[str, Any]) -> Any:
-    from monitor.services.liveness import Liveness
-
+def _liveness_of(body: dict[str, Any]) -> Liveness:
     return Liveness(
         **{
             **body,

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-import httpx
 from rich.console import Console
 from rich.markup import escape
 
@@ -31,7 +30,7 @@ from contracts import split
 from contracts.wire import DEFAULT_PROJECT, IMPORT_BATCH_PREFIX, encode_float
 from monitor.cli.remote import RemoteState, api_object, run_of
 from monitor.domain import AlertInfo, PhaseEventInfo, Principal, RunFilter, RunInfo
-from monitor.errors import Conflict, LLDMonError, ServiceUnavailable
+from monitor.errors import Conflict, LLDMonError
 from monitor.import_command import (
     EXIT_INTERRUPTED,
     EXIT_REFUSED,
@@ -246,16 +245,12 @@ class _Sender:
         pending = split.split_body("metrics", body, self.max_bytes)
         while pending:
             part, raw = pending.pop(0)
-            try:
-                response = self.api.http.post(
-                    f"/runs/{run_id}/metrics",
-                    content=gzip.compress(raw),
-                    headers={"content-type": "application/json", "content-encoding": "gzip"},
-                )
-            except httpx.HTTPError as exc:
-                raise ServiceUnavailable(
-                    f"cannot reach {self.api.base_url}: {type(exc).__name__}: {exc}"
-                ) from None
+            response = self.api.request(
+                "POST",
+                f"/runs/{run_id}/metrics",
+                content=gzip.compress(raw),
+                headers={"content-type": "application/json", "content-encoding": "gzip"},
+            )
             if response.status_code == 413:
                 limit = split.limit_from_error(response.text) or len(raw) // 2
                 self.max_bytes = min(self.max_bytes, max(1024, limit))

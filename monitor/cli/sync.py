@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from monitor.cli._common import console, quoted, shown
+
+if TYPE_CHECKING:
+    import httpx
+
+    from monitor.cli.remote import Api
 
 
 def sync(
@@ -30,23 +35,21 @@ def sync(
     service's body limit is split, so one refused only for its size is not lost; one still refused
     stays in `rejected/`. When every batch of a directory is delivered, its runs get the final
     status their job recorded (finished / failed / crashed). Stops at the first batch that cannot
-    be delivered now; exit code 1 if any are left.
+    be delivered now (the service out of reach, a URL that is not an lldmon API, a refusal to retry
+    later): one line naming why and what is left, exit code 1.
     """
-    import httpx
-
     from contracts import spool
-    from contracts.wire import API_PREFIX
+    from monitor.cli.remote import Api
 
     if not directory.is_dir():
         console.print(f"[red]error:[/red] {directory} is not a directory")
         raise typer.Exit(2)
     dirs = spool.find_spool_dirs(directory)
-    headers = {"authorization": f"Bearer {token}"} if token else {}
     stopped = False
     finished: set[tuple[str | None, str]] = set()
-    base_url = url.strip().rstrip("/").removesuffix(API_PREFIX) + API_PREFIX  # ".../api/v1" works too
-    with httpx.Client(base_url=base_url, headers=headers, timeout=timeout) as http:
-        uploader = _SyncUploader(http, has_token=token is not None)
+    api = Api(url, token, timeout)
+    try:
+        uploader = _SyncUploader(api)
         for path in dirs:
             stopped = not uploader.resend_rejected(path)
             if stopped:
@@ -54,6 +57,8 @@ def sync(
             report = spool.replay(path, uploader.send)
             uploader.counts["rejected"] += report.rejected
             uploader.counts["corrupt"] += report.corrupt
+            if report.error is not None:  # send raised: not a refusal it could name
+                uploader.problem = report.error
             if report.rejected:
                 console.print(f"{report.rejected} rejected batches kept in {path / spool.REJECTED_DIR}")
             if report.stopped:
@@ -64,31 +69,41 @@ def sync(
                 stopped = True
                 break
             finished |= applied
+    finally:
+        api.close()
     counts = uploader.counts
     remaining = sum(spool.spool_size(path)[0] for path in dirs)
-    console.print(
+    tally = (
         f"sent {counts['sent']}, duplicates {counts['duplicates']}, rejected {counts['rejected']}, "
         f"remaining {remaining}" + (f", corrupt {counts['corrupt']}" if counts["corrupt"] else "")
     )
-    for key in [] if stopped else sorted(uploader.created - finished, key=str):
+    if remaining or stopped:
+        console.print(
+            f"[red]error:[/red] {shown(uploader.problem or 'not delivered')} (sync stopped: {tally})",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(1)
+    console.print(tally)
+    for key in sorted(uploader.created - finished, key=str):
         console.print(
             f"run {quoted(key[1])}: the spool holds no final status (its job did not close its client): "
             "left 'running'"
         )
-    if remaining or stopped:
-        console.print(f"[yellow]stopped:[/yellow] {shown(uploader.problem or 'not delivered')}")
-        raise typer.Exit(1)
 
 
 class _SyncUploader:
     """`lldmon sync`'s side of the wire: run ids by (project, name), batches cut to the service's
-    body limit (the one a 413 names), rejected batches offered again, finish markers applied."""
+    body limit (the one a 413 names), rejected batches offered again, finish markers applied.
 
-    def __init__(self, http: Any, *, has_token: bool) -> None:
+    Every answer goes through `Api` (monitor.cli.remote), as the other remote commands': an
+    unreachable service is a ServiceUnavailable, an answer that is not the API's JSON a NotAnApi;
+    either stops the sync with its message in `problem`."""
+
+    def __init__(self, api: Api) -> None:
         from contracts import split
 
-        self.http = http
-        self.has_token = has_token
+        self.api = api
         self.run_ids: dict[tuple[str | None, str], int] = {}
         self.created: set[tuple[str | None, str]] = set()
         """Runs this sync registered: their data arrived only through it."""
@@ -98,39 +113,47 @@ class _SyncUploader:
 
     def run_id(self, run: Any) -> int | None:
         """The run's id (an existing run is looked up, not re-registered: that would make a finished
-        run `running` again), or None with `problem` set."""
+        run `running` again), or None with `problem` set. Raises the LLDMonError of an answer that is
+        not the API's."""
         from contracts.wire import DEFAULT_PROJECT, encode_json
+        from monitor.cli.remote import list_of
 
         if run.key in self.run_ids:
             return self.run_ids[run.key]
         params: dict[str, Any] = {"name": run.run_name, "limit": 2}
         if run.project is not None:
             params["project"] = run.project
-        elif not self.has_token:  # registered without a project and a token: the default project
+        elif not self.api.has_token:  # registered without a project and a token: the default project
             params["project"] = DEFAULT_PROJECT
-        page = self.http.get("/runs", params=params)
-        found = [r["id"] for r in page.json() if r.get("name") == run.run_name] if page.is_success else []
-        if len(found) == 1:
-            self.run_ids[run.key] = int(found[0])
-            return self.run_ids[run.key]
-        registered = self.http.post("/runs", json=encode_json(run.register_body()))  # NaN as "NaN"
-        if not registered.is_success:
-            self.problem = (
-                f"registering run {run.run_name!r}: HTTP {registered.status_code} {registered.text[:300]}"
-            )
+        page = self.api.request("GET", "/runs", params=params)
+        if not page.is_success:
+            self.problem = self._refused(f"looking up run {run.run_name!r}", page)
             return None
+        found: list[int] = [
+            run_id
+            for run_id, name in self.api.decoded(page, list_of(lambda r: (int(r["id"]), r["name"])))
+            if name == run.run_name
+        ]
+        if len(found) == 1:
+            self.run_ids[run.key] = found[0]
+            return found[0]
+        registered = self.api.request("POST", "/runs", json=encode_json(run.register_body()))  # NaN: "NaN"
+        if not registered.is_success:
+            self.problem = self._refused(f"registering run {run.run_name!r}", registered)
+            return None
+        run_id: int = self.api.decoded(registered, lambda body: int(body["id"]))
         if registered.status_code == 201:
             self.created.add(run.key)
-        self.run_ids[run.key] = int(registered.json()["id"])
-        return self.run_ids[run.key]
+        self.run_ids[run.key] = run_id
+        return run_id
 
     def send(self, entry: Any) -> Any:
         """One spool entry, in parts if it is over the body limit: "ok", "retry" or "reject"."""
         import gzip
 
-        import httpx
-
         from contracts import split, spool
+        from monitor.cli.remote import api_object
+        from monitor.errors import LLDMonError
 
         try:
             run_id = self.run_id(entry.run)
@@ -139,12 +162,13 @@ class _SyncUploader:
             pending = split.split_body(entry.kind, entry.body, self.max_bytes)
             while pending:
                 body, raw = pending.pop(0)
-                response = self.http.post(
+                response = self.api.request(
+                    "POST",
                     f"/runs/{run_id}/{entry.kind}",
                     content=gzip.compress(raw),
                     headers={"content-type": "application/json", "content-encoding": "gzip"},
                 )
-                if response.status_code == 413:
+                if response.status_code == 413:  # a proxy's limit too: its page need not be JSON
                     limit = split.limit_from_error(response.text) or len(raw) // 2
                     self.max_bytes = min(self.max_bytes, max(1024, limit))
                     parts = split.split_body(entry.kind, body, self.max_bytes)
@@ -153,14 +177,15 @@ class _SyncUploader:
                         continue
                 outcome = spool.outcome_for_status(response.status_code)
                 if outcome == "ok":
-                    self.counts["duplicates" if response.json().get("duplicate") else "sent"] += 1
+                    ack = self.api.decoded(response, api_object)
+                    self.counts["duplicates" if ack.get("duplicate") else "sent"] += 1
                     continue
-                self.problem = f"batch {entry.batch_id}: HTTP {response.status_code} {response.text[:300]}"
+                self.problem = self._refused(f"batch {entry.batch_id}", response)
                 if response.status_code == 404:
                     self.run_ids.pop(entry.run.key, None)
                 return outcome
-        except httpx.HTTPError as exc:
-            self.problem = f"{type(exc).__name__}: {exc}"
+        except LLDMonError as exc:
+            self.problem = exc.message
             return "retry"
         return "ok"
 
@@ -190,9 +215,9 @@ class _SyncUploader:
     def apply_finishes(self, path: Path) -> set[tuple[str | None, str]] | None:
         """The final status of each run with a finish marker in `path` (all its batches are
         delivered); the runs done, or None if the service could not be told."""
-        import httpx
-
         from contracts import spool
+        from monitor.cli.remote import api_object
+        from monitor.errors import LLDMonError
 
         done: set[tuple[str | None, str]] = set()
         for marker, run, status in spool.read_finishes(path):
@@ -200,15 +225,31 @@ class _SyncUploader:
                 run_id = self.run_id(run)
                 if run_id is None:
                     return None
-                response = self.http.post(f"/runs/{run_id}/finish", json={"status": status})
-            except httpx.HTTPError as exc:
-                self.problem = f"{type(exc).__name__}: {exc}"
-                return None
-            if not response.is_success:
-                self.problem = f"marking run {run.run_name!r} {status}: HTTP {response.status_code} "
-                self.problem += response.text[:300]
+                response = self.api.request("POST", f"/runs/{run_id}/finish", json={"status": status})
+                if not response.is_success:
+                    self.problem = self._refused(f"marking run {run.run_name!r} {status}", response)
+                    return None
+                self.api.decoded(response, api_object)
+            except LLDMonError as exc:
+                self.problem = exc.message
                 return None
             marker.unlink(missing_ok=True)
             done.add(run.key)
             console.print(f"run {quoted(run.run_name)} (id {run_id}): {status}")
         return done
+
+    def _refused(self, what: str, response: httpx.Response) -> str:
+        """`what: HTTP 401: <the API's message>` for an error the API answered; raises NotAnApi for one
+        that is not the API's JSON (another server's page), except a 413, which a proxy's body limit
+        answers too."""
+        from monitor.cli.remote import NotAnApi
+        from monitor.errors import LLDMonError
+
+        error = self.api.error(response)
+        if isinstance(error, NotAnApi):
+            if response.status_code != 413:
+                raise error
+            return f"{what}: HTTP 413: {response.text.strip()[:300]}"
+        if type(error) is LLDMonError:  # a status without its own error: the message names it
+            return f"{what}: {error.message}"
+        return f"{what}: HTTP {response.status_code}: {error.message}"

@@ -31,7 +31,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -42,7 +42,10 @@ from contracts.wire import ACTION_COLUMNS as WIRE_ACTION_COLUMNS
 from monitor.domain import Principal, Series
 from monitor.errors import InvalidInput
 from monitor.importers.lldmon_export import PARQUET_METADATA_KEY
-from monitor.services.query import QueryService, wide_table
+from monitor.services.tables import wide_table
+
+if TYPE_CHECKING:  # the CLI's remote mode exports through an HTTP stand-in, without the store
+    from monitor.services.query import QueryService
 
 EXPORT_FORMATS: Final = ("csv", "parquet")
 ACTION_EXPORT_FORMATS: Final = ("csv", "parquet", "jsonl")

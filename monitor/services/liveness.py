@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Final
 
@@ -29,7 +28,7 @@ from sqlalchemy import Connection
 
 from contracts.wire import ALERT_RUN_STALLED, RUN_CRASHED, RUN_STALLED
 from monitor.config import Settings
-from monitor.domain import ActiveCondition, Principal
+from monitor.domain import ActiveCondition, Liveness, Principal
 from monitor.errors import InvalidInput, NotFound
 from monitor.services.alerts import AlertService
 from monitor.services.periodic import Periodic
@@ -42,22 +41,6 @@ log = logging.getLogger("lldmon.liveness")
 
 MAX_THRESHOLD_S: Final = 366 * 24 * 3600.0
 """A year: longer thresholds are surely a unit mistake (and would overflow date arithmetic)."""
-
-
-@dataclass(frozen=True)
-class Liveness:
-    """A run's liveness as the API shows it: thresholds set on the run (None: defaults) and in force."""
-
-    run_id: int
-    status: str
-    last_seen_at: datetime
-    last_step_at: datetime | None
-    silent_s: float
-    stall_after_s: float | None
-    crash_after_s: float | None
-    effective_stall_after_s: float
-    effective_crash_after_s: float
-    median_step_s: float | None
 
 
 def thresholds(run: RunLiveness, settings: Settings) -> tuple[float, float]:

@@ -12,8 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from monitor.api.params import MAX_BIGINT, NO_NUL, NoNul, RunId
 from monitor.api.schemas import PolicyIn, RunCreate, RunFinish, RunOut
 from monitor.api.state import AppState, get_principal, get_state
-from monitor.domain import Principal, RunFilter
-from monitor.services.liveness import MAX_THRESHOLD_S, Liveness, LivenessService
+from monitor.domain import Liveness, Principal, RunFilter
+from monitor.services.liveness import MAX_THRESHOLD_S, LivenessService
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
