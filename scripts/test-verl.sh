@@ -8,6 +8,8 @@
 # model built in code, nothing downloaded) to check the post-update probe and the anchor set.
 #
 #   bash scripts/test-verl.sh            # fresh: ~4-5 min (mostly the install), then ~30-40 s
+#   bash scripts/test-verl.sh --install-only   # only create/update the virtualenv (CI runs it early,
+#                                              # beside the main suite, to overlap the two installs)
 #   LLDMON_VERL_VENV=/some/dir bash scripts/test-verl.sh   # keep the virtualenv elsewhere
 #
 # pip runs only when pyproject.toml, constraints.txt or the checkout's path changed since its last
@@ -38,6 +40,10 @@ if [ "$(cat "$STAMP" 2>/dev/null || true)" != "$want" ]; then
   echo "$want" >"$STAMP"
 fi
 
+if [ "${1:-}" = "--install-only" ]; then
+  exit 0
+fi
+
 # Without verl the test module would be skipped, and this script would pass having tested nothing:
 # LLDMON_REQUIRE_VERL makes a missing or broken verl an error instead.
-LLDMON_REQUIRE_VERL=1 exec "$VENV/bin/python" -m pytest tests/trainer_hooks/test_verl.py -q -p no:cacheprovider "$@"
+LLDMON_REQUIRE_VERL=1 exec "$VENV/bin/python" -m pytest tests/trainer_hooks/test_verl.py -q -p no:cacheprovider -n 0 "$@"
