@@ -5,6 +5,7 @@ ENV PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY contracts contracts
+COPY lldmon_client lldmon_client
 COPY monitor monitor
 COPY dashboard dashboard
 COPY trainer_hooks trainer_hooks

@@ -40,7 +40,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +51,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from contracts import metrics as M
-from contracts.wire import API_PREFIX, encode_float
+from contracts.wire import API_PREFIX
+from lldmon_client import RetryPolicy, Session, Uploader, masked, metrics_body, new_batch_id
 
 __all__ = ["DemoError", "DemoOptions", "examples_script", "run_demo"]
 
@@ -273,7 +273,7 @@ class Training:
 class Replay:
     """Posts `collapse_scenario(seed)` into a new run of the service (policy `auto`)."""
 
-    api: str
+    url: str
     name: str
     seed: int
     speed: float
@@ -315,8 +315,9 @@ class Replay:
         steps = [int(s) for s in scenario.steps.tolist()]
         self.steps_total = len(steps)
         self.collapse_label = scenario.collapse_step
-        with httpx.Client(base_url=self.api, timeout=30.0) as http:
-            reply = http.post(
+        with Session(self.url, timeout=30.0) as session:
+            reply = session.request(
+                "POST",
                 "/runs",
                 json={
                     "name": self.name,
@@ -330,29 +331,33 @@ class Replay:
                     },
                     "tags": ["demo", "replay", "synthetic"],
                 },
+            ).raise_for_status("registering the replay run")
+            self.run_id = run_id = int(reply.data["id"])
+            session.request("PUT", f"/runs/{run_id}/policy", json={"policy": "auto"}).raise_for_status(
+                "setting the replay run's policy"
             )
-            reply.raise_for_status()
-            self.run_id = int(reply.json()["id"])
-            http.put(f"/runs/{self.run_id}/policy", json={"policy": "auto"}).raise_for_status()
+            uploader = Uploader(session, retry=RetryPolicy(attempts=1))
             started = time.monotonic()
             for first in range(0, len(steps), self.batch):
                 if self.stop_event.is_set():
                     break
-                rows = range(first, min(first + self.batch, len(steps)))
-                metrics: dict[str, list[float | str | None]] = {}
-                for name, values in scenario.values.items():
-                    present = scenario.present[name]
-                    metrics[name] = [
-                        encode_float(float(values[i])) if bool(present[i]) else None for i in rows
-                    ]
-                body = {"batch_id": uuid.uuid4().hex, "steps": [steps[i] for i in rows], "metrics": metrics}
-                http.post(f"/runs/{self.run_id}/metrics", json=body).raise_for_status()
-                self.steps_sent = rows[-1] + 1
+                last = min(first + self.batch, len(steps))
+                columns = {
+                    name: masked(values[first:last], scenario.present[name][first:last])
+                    for name, values in scenario.values.items()
+                }
+                body = metrics_body(new_batch_id(), steps[first:last], columns)
+                failure = uploader.send(run_id, "metrics", body).failure
+                if failure is not None:
+                    failure.raise_for_status(f"sending steps {steps[first]}-{steps[last - 1]}")
+                self.steps_sent = last
                 ahead = started + self.steps_sent / max(self.speed, 1e-9) - time.monotonic()
                 if ahead > 0 and self.stop_event.wait(ahead):
                     break
             status = "failed" if self.stop_event.is_set() else "finished"  # as the training script does
-            http.post(f"/runs/{self.run_id}/finish", json={"status": status}).raise_for_status()
+            session.request("POST", f"/runs/{run_id}/finish", json={"status": status}).raise_for_status(
+                f"marking the replay run {status}"
+            )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -603,8 +608,7 @@ def run_demo(options: DemoOptions, console: Console) -> int:
                 else f"the dashboard closes when the run ends ({why}); --keep-serving keeps it up",
                 soft_wrap=True,
             )
-            api = url + API_PREFIX
-            replay = Replay(api, replay_name, options.replay_seed, options.replay_speed, options.replay_batch)
+            replay = Replay(url, replay_name, options.replay_seed, options.replay_speed, options.replay_batch)
             replay.start()
             console.print(
                 f"replaying the labelled collapse scenario (seed {options.replay_seed}) into run "
@@ -618,8 +622,8 @@ def run_demo(options: DemoOptions, console: Console) -> int:
                     f"training a {options.model} Search-R1 agent with TRL GRPO on CPU into run "
                     f"[bold]{train_name}[/bold] (log: {training.log_path})"
                 )
-            with httpx.Client(base_url=api, timeout=10.0) as http:
-                watcher = Watcher(http, console)
+            with Session(url, timeout=10.0) as session:
+                watcher = Watcher(session.http, console)
                 watcher.train_steps = (
                     int(command[command.index("--steps") + 1]) if script is not None else None
                 )

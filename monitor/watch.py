@@ -33,13 +33,11 @@ Exactly once across restarts and rotation, without any support from the trainer:
 from __future__ import annotations
 
 import contextlib
-import gzip
 import hashlib
 import json
 import os
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -48,7 +46,7 @@ from typing import IO, Any, Final
 import httpx
 
 from contracts import split
-from contracts.wire import API_PREFIX, encode_float
+from lldmon_client import Reply, RetryPolicy, Session, Uploader, metrics_body, stable_batch_id
 from monitor.importers.detect import TRL_LOG, VERL_CONSOLE, VERL_JSONL, detect_format
 from monitor.importers.reading import Diagnostics, Line, LogImportError
 from monitor.importers.trl_stdout import parse_trl_lines
@@ -66,8 +64,7 @@ ANCHOR_BYTES: Final = 4096
 """The bytes before the offset whose digest tells the file read so far from a rewritten one."""
 STATE_VERSION: Final = 2
 """2 added the anchor and the rewrite count; a version 1 state (no anchor) is resumed unchecked."""
-_BATCH_NAMESPACE: Final = uuid.uuid5(uuid.NAMESPACE_URL, "lldmon:watch-chunk")
-_RETRY_STATUSES: Final = frozenset({408, 429, 500, 502, 503, 504})
+_BATCH_NAMESPACE: Final = "lldmon:watch-chunk"
 
 Echo = Callable[[str], None]
 
@@ -197,18 +194,12 @@ def parse_chunk(fmt: str, lines: list[Line], path: str, diagnostics: Diagnostics
     return Parsed(parse(lines, path, diagnostics).to_records(), trl_step)
 
 
-def metrics_body(batch_id: str, records: dict[int, dict[str, float]]) -> dict[str, Any]:
-    """The columnar ingest body (`contracts.wire`), steps ascending, NaN/inf as their strings."""
+def chunk_body(batch_id: str, records: dict[int, dict[str, float]]) -> dict[str, Any]:
+    """The metrics body of a chunk's steps: steps ascending, names sorted (the same chunk always gives
+    the same body)."""
     steps = sorted(records)
     names = sorted({name for row in records.values() for name in row})
-    return {
-        "batch_id": batch_id,
-        "steps": steps,
-        "metrics": {
-            name: [encode_float(records[s][name]) if name in records[s] else None for s in steps]
-            for name in names
-        },
-    }
+    return metrics_body(batch_id, steps, {name: [records[s].get(name) for s in steps] for name in names})
 
 
 def chunk_batch_id(pending: Pending, data: bytes) -> str:
@@ -217,7 +208,7 @@ def chunk_batch_id(pending: Pending, data: bytes) -> str:
     key = f"{pending.dev}:{pending.ino}:{pending.start}-{pending.end}:{pending.trl_step}:{digest}"
     if pending.rewrites:
         key += f":r{pending.rewrites}"
-    return "w-" + uuid.uuid5(_BATCH_NAMESPACE, key).hex
+    return stable_batch_id(_BATCH_NAMESPACE, key, prefix="w-")
 
 
 def step_lines(fmt: str, lines: list[Line], path: str, trl_step: int) -> dict[int, list[int]]:
@@ -261,9 +252,10 @@ class Delivery:
 
 
 class Service:
-    """The HTTP side: run registration, batches (split to the body limit, retried while the service is
-    unreachable or busy, halved around what it refuses), finishing the run. Waits end early when `stop`
-    is set. `sent`/`duplicates` count accepted requests, `refused` refused values."""
+    """The HTTP side: run registration, batches (`lldmon_client.Uploader`: split to the body limit,
+    retried while the service is unreachable or busy), halved around what it refuses, finishing the
+    run. Waits end early when `stop` is set. `sent`/`duplicates` count accepted requests, `refused`
+    refused values."""
 
     def __init__(
         self,
@@ -277,39 +269,36 @@ class Service:
         backoff_max: float = 30.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self.base_url = url.strip().rstrip("/").removesuffix(API_PREFIX) + API_PREFIX
+        self.session = Session(url, token=token, timeout=timeout, transport=transport)
+        self.base_url = self.session.base_url
         self.run, self.project = run, project
-        headers = {"authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(
-            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
+        self.stop, self.echo = stop, echo
+        self.uploader = Uploader(
+            self.session,
+            retry=RetryPolicy(attempts=None, backoff_base=0.25, backoff_max=backoff_max),
+            pause=lambda seconds: not stop.wait(seconds),
+            stopped=stop.is_set,
+            on_retry=self._retrying,
         )
-        self.stop, self.echo, self.backoff_max = stop, echo, backoff_max
-        self.max_bytes = split.DEFAULT_MAX_BODY_BYTES
         self.run_id: int | None = None
         self.sent = self.duplicates = self.refused = 0
 
     def close(self) -> None:
-        self.http.close()
+        self.session.close()
 
-    def _request(self, method: str, url: str, **kwargs: Any) -> httpx.Response | None:
-        """The response once it is not a transient failure; None if `stop` came first."""
-        retry = 0
-        while not self.stop.is_set():
-            try:
-                response = self.http.request(method, url, **kwargs)
-            except httpx.TransportError as exc:
-                problem, wait = f"{type(exc).__name__}: {exc}", None
-            else:
-                if response.status_code not in _RETRY_STATUSES:
-                    return response
-                problem = f"HTTP {response.status_code}"
-                wait = _retry_after(response)
-            delay = wait if wait is not None else min(self.backoff_max, 0.25 * 2.0 ** min(retry, 20))
-            if retry == 0 or retry % 10 == 0:
-                self.echo(f"service not reachable ({problem}); retrying")
-            retry += 1
-            self.stop.wait(delay)
-        return None
+    def _retrying(self, retry: int, reply: Reply) -> None:
+        if retry % 10 == 0:
+            problem = reply.error if reply.status is None else f"HTTP {reply.status}"
+            self.echo(f"service not reachable ({problem}); retrying")
+
+    def _request(self, what: str, method: str, path: str, body: dict[str, Any]) -> Reply | None:
+        """The answer once it is a success; None if `stop` came first; WatchError for a refusal."""
+        reply = self.uploader.request(method, path, json=body)
+        if reply.transient and self.stop.is_set():
+            return None
+        if reply.outcome != "ok":
+            raise WatchError(f"{what}: {reply.describe()}")
+        return reply
 
     def ensure_run(self) -> bool:
         """Register the run (get-or-create); False if stopped first."""
@@ -318,100 +307,86 @@ class Service:
         body: dict[str, Any] = {"name": self.run}
         if self.project is not None:
             body["project"] = self.project
-        response = self._request("POST", "/runs", json=body)
-        if response is None:
+        reply = self._request(f"registering run {self.run!r}", "POST", "/runs", body)
+        if reply is None:
             return False
-        if not response.is_success:
-            raise WatchError(f"registering run {self.run!r}: {_describe(response)}")
-        self.run_id = int(response.json()["id"])
+        self.run_id = int(reply.data["id"])
         return True
 
     def send(self, body: dict[str, Any]) -> Delivery | None:
         """Deliver one metrics body; None if stopped first (nothing is known to be lost then: the
         caller keeps the chunk pending and sends the same body again).
 
-        A body over the limit (413) is split by size. A refused one (422) is halved, and each half sent
-        on its own, until the refused values stand alone: one refused record never takes others with
-        it. Halving costs about two requests per refused value and level, and none while nothing is
-        refused. The halves' ids derive from the parent's (`split.part_id`), so the same body halves the
-        same way into the same ids again."""
+        A part the service refuses (422, or a 413 for a part that cannot be cut) is halved, and each
+        half sent on its own, until the refused values stand alone: one refused record never takes
+        others with it. Halving costs about two requests per refused value and level, and none while
+        nothing is refused. The halves' ids derive from the parent's (`split.part_id`), so the same
+        body halves the same way into the same ids again."""
         if not self.ensure_run():
             return None
+        assert self.run_id is not None
         delivery = Delivery()
-        queue = split.split_body("metrics", body, self.max_bytes)
+        queue = [body]
         while queue:
-            part, raw = queue[0]
-            response = self._request(
-                "POST",
-                f"/runs/{self.run_id}/metrics",
-                content=gzip.compress(raw),
-                headers={"content-type": "application/json", "content-encoding": "gzip"},
-            )
-            if response is None:
-                return None
-            status = response.status_code
-            if status in (413, 422):
-                limit = len(raw) - 1  # just under its own size: two halves
-                if status == 413:
-                    found = split.limit_from_error(_error_message(response)) or len(raw) // 2
-                    self.max_bytes = min(self.max_bytes, max(1024, found))
-                    limit = min(limit, self.max_bytes)
-                parts = [
-                    _pruned(p) for p, _ in split.split_body("metrics", part, limit) if _part_contents(p)[1]
-                ]
-                if len(parts) > 1:
-                    queue[:1] = parts
-                    continue
-            queue.pop(0)
-            if response.is_success:
-                if response.json().get("duplicate"):
+            outcome = self.uploader.send(self.run_id, "metrics", queue.pop(0))
+            for sent in outcome.delivered:
+                if sent.duplicate:
                     self.duplicates += 1
                 else:
                     self.sent += 1
-                steps, values = _part_contents(part)
+                steps, values = _part_contents(sent.body)
                 delivery.steps.update(steps)
                 delivery.values += values
-            elif status in (413, 422):  # this value can never be accepted; the others were sent apart
-                steps, values = _part_contents(part)
+            if outcome.reply is not None:
+                if outcome.reply.transient:  # retried until stopped
+                    return None
+                # 401/403/404/409: stop, keep the chunk
+                raise WatchError(f"batch {outcome.unsent[0]['batch_id']}: {outcome.reply.describe()}")
+            halves: list[dict[str, Any]] = []
+            for refused in outcome.refused:
+                if refused.reply.status not in (413, 422):  # a request the service cannot take at all
+                    raise WatchError(f"batch {refused.body['batch_id']}: {refused.reply.describe()}")
+                parts = _halves(refused.body)
+                if len(parts) > 1:
+                    halves += parts
+                    continue
+                steps, values = _part_contents(refused.body)  # this value can never be accepted
                 delivery.refused.append(
-                    Refusal(tuple(steps), tuple(part["metrics"]), values, _describe(response))
+                    Refusal(tuple(steps), tuple(refused.body["metrics"]), values, refused.reply.describe())
                 )
                 self.refused += values
-            else:  # 401/403/404/409, or a request the service cannot take at all: stop, keep the chunk
-                raise WatchError(f"batch {part['batch_id']}: {_describe(response)}")
+            queue[:0] = halves
         return delivery
 
     def finish(self) -> bool:
         if not self.ensure_run():
             return False
-        response = self._request("POST", f"/runs/{self.run_id}/finish", json={"status": FINISHED})
-        if response is None:
-            return False
-        if not response.is_success:
-            raise WatchError(f"marking run {self.run!r} {FINISHED}: {_describe(response)}")
-        return True
+        path = f"/runs/{self.run_id}/finish"
+        return (
+            self._request(f"marking run {self.run!r} {FINISHED}", "POST", path, {"status": FINISHED})
+            is not None
+        )
 
 
-def _retry_after(response: httpx.Response) -> float | None:
-    try:
-        return min(60.0, max(0.0, float(response.headers.get("retry-after", ""))))
-    except ValueError:
-        return None
+def _halves(part: dict[str, Any]) -> list[dict[str, Any]]:
+    """A refused part cut in two (by steps, else by names), each without the names and steps it has no
+    value of; [] parts without any value are left out."""
+    size = len(split.encode_compact(part))
+    return [_pruned(p) for p, _ in split.split_body("metrics", part, size - 1) if _part_contents(p)[1]]
 
 
-def _pruned(part: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+def _pruned(part: dict[str, Any]) -> dict[str, Any]:
     """A split part without the names and steps it has no value of, encoded. Slices keep every name of
     their parent, and a name the service refuses is refused even with no value: left in, it would follow
     every half down to single values. The service's ledger digests only the values, so this changes no
     batch's identity."""
     metrics = {name: col for name, col in part["metrics"].items() if any(v is not None for v in col)}
     keep = [i for i in range(len(part["steps"])) if any(col[i] is not None for col in metrics.values())]
-    pruned = {
+    return {
         "batch_id": part["batch_id"],
         "steps": [part["steps"][i] for i in keep],
         "metrics": {name: [col[i] for i in keep] for name, col in metrics.items()},
     }
-    return pruned, split.encode_compact(pruned)
 
 
 def _part_contents(part: dict[str, Any]) -> tuple[list[int], int]:
@@ -419,25 +394,6 @@ def _part_contents(part: dict[str, Any]) -> tuple[list[int], int]:
     metrics = part["metrics"]
     steps = [s for i, s in enumerate(part["steps"]) if any(col[i] is not None for col in metrics.values())]
     return steps, sum(v is not None for col in metrics.values() for v in col)
-
-
-def _error_message(response: httpx.Response) -> str:
-    """The service's error message (`{"error": {"message", "field"}}`), else the body's text."""
-    try:
-        data = response.json()
-    except ValueError:
-        return response.text
-    error = data.get("error") if isinstance(data, dict) else None
-    if isinstance(error, dict) and error.get("message"):
-        field = error.get("field")
-        return f"{error['message']}" + (f" (at {field})" if field else "")
-    if isinstance(data, dict) and "detail" in data:
-        return str(data["detail"])
-    return response.text
-
-
-def _describe(response: httpx.Response) -> str:
-    return f"HTTP {response.status_code} {_error_message(response)[:300]}"
 
 
 # ---------------------------------------------------------------------------------------------- follower
@@ -795,7 +751,7 @@ class Watcher:
         for item in diagnostics.items:
             self.echo(f"warning: {item}")
         if parsed.records:
-            delivery = self.service.send(metrics_body(chunk_batch_id(pending, data), parsed.records))
+            delivery = self.service.send(chunk_body(chunk_batch_id(pending, data), parsed.records))
             if delivery is None:
                 return False
             self._report(delivery, lines, pending)

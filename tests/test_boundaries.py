@@ -23,8 +23,21 @@ FORBIDDEN = {
         "psycopg",
     },
     "monitor": {"torch", "trainer_hooks", "dashboard", "transformers", "trl"},
-    "contracts": {"monitor", "trainer_hooks", "dashboard", "torch", "fastapi", "sqlalchemy", "numpy"},
+    "contracts": {
+        "monitor",
+        "trainer_hooks",
+        "dashboard",
+        "lldmon_client",
+        "torch",
+        "fastapi",
+        "sqlalchemy",
+        "numpy",
+    },
 }
+
+CLIENT_ALLOWED = {"httpx", "contracts", "lldmon_client", *sys.stdlib_module_names}
+"""lldmon_client ships into training images with trainer_hooks, and monitor's commands use it too: it
+sits below both, beside contracts."""
 
 
 def imported_roots(path: Path) -> set[str]:
@@ -46,16 +59,41 @@ def test_no_forbidden_imports(package: str) -> None:
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
+def test_lldmon_client_imports_only_httpx_contracts_and_the_standard_library() -> None:
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(imported_roots(path) - CLIENT_ALLOWED)
+        for path in (ROOT / "lldmon_client").rglob("*.py")
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+@pytest.mark.parametrize("package", ["trainer_hooks", "monitor"])
+def test_trainer_hooks_and_monitor_may_import_lldmon_client(package: str) -> None:
+    assert "lldmon_client" not in FORBIDDEN[package]
+    assert any("lldmon_client" in imported_roots(path) for path in (ROOT / package).rglob("*.py"))
+
+
 def test_importing_the_service_does_not_load_torch() -> None:
     code = "import sys, monitor.api.app, monitor.cli; assert 'torch' not in sys.modules, 'torch loaded'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
-def test_importing_trainer_hooks_does_not_load_the_server_stack() -> None:
+NOT_LOADED = {
+    # what importing these modules must not load
+    "trainer_hooks, trainer_hooks.actions, trainer_hooks.client, contracts.metrics, contracts.wire": (
+        "fastapi",
+        "sqlalchemy",
+        "dash",
+        "monitor",
+    ),
+    "lldmon_client": ("monitor", "trainer_hooks", "dashboard", "fastapi", "sqlalchemy", "dash", "numpy"),
+}
+
+
+@pytest.mark.parametrize("modules", sorted(NOT_LOADED))
+def test_importing_a_client_package_does_not_load_the_server_stack(modules: str) -> None:
     code = (
-        "import sys, trainer_hooks, trainer_hooks.actions, contracts.metrics, contracts.wire\n"
-        "bad = {'fastapi', 'sqlalchemy', 'dash', 'monitor'} & set(sys.modules)\n"
-        "assert not bad, bad"
+        f"import sys, {modules}\nbad = {set(NOT_LOADED[modules])!r} & set(sys.modules)\nassert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 

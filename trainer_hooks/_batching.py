@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from contracts.metrics import metric_name_problem
 from contracts.wire import ACTION_COLUMNS, ACTION_SOURCES, encode_float, encode_json
+from lldmon_client import actions_body, metrics_body, new_batch_id
+from lldmon_client.upload import Kind
 
 _orjson_dumps: Callable[[Any], bytes] | None
 try:
@@ -28,8 +29,6 @@ except ImportError:  # pragma: no cover - orjson is optional in training images
 
 Warn = Callable[..., object]
 """`warn(key, msg, *args)`: see `trainer_hooks._warn.WarnOnce`."""
-
-Kind = Literal["metrics", "actions"]
 
 INT_COLUMNS: Final = ("step", "traj_index", "action_index", "n_tokens")
 FLOAT_COLUMNS: Final = ("delta", "old_logp_mean", "advantage", "reward")
@@ -57,10 +56,6 @@ class Batch:
     kind: Kind
     body: dict[str, Any]
     order_ns: int
-
-
-def new_batch_id() -> str:
-    return uuid.uuid4().hex
 
 
 def dumps(obj: Any) -> bytes:
@@ -94,7 +89,7 @@ def metrics_bodies(records: Iterable[Record], max_rows: int, warn: Warn) -> list
     Records of the same step are merged (a later value of a name wins, as on the service); a name
     not logged at a step is null in that step's row.
     """
-    rows: dict[int, dict[str, float | str | None]] = {}
+    rows: dict[int, dict[str, float | None]] = {}
     logged: dict[int, int] = {}
     for record in records:
         row = rows.setdefault(record.step, {})
@@ -105,7 +100,7 @@ def metrics_bodies(records: Iterable[Record], max_rows: int, warn: Warn) -> list
                 warn(("metric-name", repr(name)[:300]), "lldmon: dropping metric %r: %s", name, problem)
                 continue
             try:
-                row[name] = _wire_float(raw)
+                row[name] = None if raw is None else float(raw)
             except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
                 warn(
                     ("metric-value", name, type(raw).__name__),
@@ -122,8 +117,8 @@ def metrics_bodies(records: Iterable[Record], max_rows: int, warn: Warn) -> list
         names: dict[str, None] = {}
         for step in chunk:
             names.update(dict.fromkeys(rows[step]))
-        metrics = {name: [rows[step].get(name) for step in chunk] for name in names}
-        body = {"batch_id": new_batch_id(), "steps": chunk, "metrics": metrics}
+        columns = {name: [rows[step].get(name) for step in chunk] for name in names}
+        body = metrics_body(new_batch_id(), chunk, columns)
         bodies.append(Batch("metrics", body, min(logged[step] for step in chunk)))
     return bodies
 
@@ -219,7 +214,7 @@ def actions_bodies(records: Iterable[Record], max_rows: int, warn: Warn) -> list
     return [
         Batch(
             "actions",
-            {"batch_id": new_batch_id(), **{name: merged[name][i : i + size] for name in ACTION_COLUMNS}},
+            actions_body(new_batch_id(), {name: merged[name][i : i + size] for name in ACTION_COLUMNS}),
             min(logged[i : i + size]),
         )
         for i in range(0, n, size)

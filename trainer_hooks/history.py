@@ -40,7 +40,8 @@ from contracts.action_pages import (
     PagingUnsupported,
     action_pages,
 )
-from contracts.wire import API_PREFIX, decode_float
+from contracts.wire import decode_float
+from lldmon_client import Session
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -352,14 +353,10 @@ def _resolve(http: httpx.Client, run: int | str, project: str | None) -> int:
 def _session(
     base_url: str, token: str | None, timeout: float, transport: httpx.BaseTransport | None
 ) -> Iterator[httpx.Client]:
-    root = base_url.rstrip("/")
-    if not root.endswith(API_PREFIX):
-        root += API_PREFIX
-    headers = {"accept": "application/json", "user-agent": "lldmon-history/0.1"}
-    if token:
-        headers["authorization"] = f"Bearer {token}"
-    with httpx.Client(base_url=root, headers=headers, timeout=timeout, transport=transport) as client:
-        yield client
+    with Session(
+        base_url, token=token, timeout=timeout, transport=transport, user_agent="lldmon-history/0.1"
+    ) as session:
+        yield session.http
 
 
 def _get(http: httpx.Client, path: str, params: dict[str, Any] | None = None) -> Any:

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from contracts.wire import API_PREFIX, decode_float
+from lldmon_client import Reply, Session
 from monitor.domain import (
     AlertInfo,
     DeliveryInfo,
@@ -73,13 +74,10 @@ _SHAPE_ERRORS: Final = (KeyError, TypeError, ValueError, AttributeError, IndexEr
 """What a decoder raises on JSON of another shape (a missing key, a list where an object should be)."""
 
 
-def api_base(url: str) -> str:
-    """`http://host:8000`, with or without a trailing slash or `/api/v1`, as the API's base URL."""
-    return url.strip().rstrip("/").removesuffix(API_PREFIX) + API_PREFIX
-
-
 class Api:
-    """An httpx client with the bearer token whose non-2xx answers raise the matching domain error."""
+    """An httpx client on the service (`lldmon_client.Session`: the URL taken as given, the bearer
+    token) whose non-2xx answers raise the matching domain error. `session` sends batches
+    (`lldmon_client.Uploader`) through the same connection."""
 
     def __init__(
         self,
@@ -89,15 +87,13 @@ class Api:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.url = url.strip()
-        self.base_url = api_base(url)
-        headers = {"authorization": f"Bearer {token}"} if token else {}
-        self.has_token = bool(token)
-        self.http = httpx.Client(
-            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
-        )
+        self.session = Session(url, token=token, timeout=timeout, transport=transport)
+        self.base_url = self.session.base_url
+        self.has_token = self.session.has_token
+        self.http = self.session.http
 
     def close(self) -> None:
-        self.http.close()
+        self.session.close()
 
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """The response, whatever its status; a transport failure raises ServiceUnavailable."""
@@ -105,6 +101,20 @@ class Api:
             return self.http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
             raise ServiceUnavailable(f"cannot reach {self.base_url}: {type(exc).__name__}: {exc}") from None
+
+    def failure(self, reply: Reply) -> LLDMonError:
+        """The domain error of an answer that is no success (`lldmon_client.Reply`): ServiceUnavailable
+        when there was none, else `error` of it."""
+        if reply.response is None:
+            return ServiceUnavailable(f"cannot reach {self.base_url}: {reply.error}")
+        return self.error(reply.response)
+
+    def acknowledged(self, reply: Reply) -> dict[str, Any]:
+        """The JSON object a successful `reply` carries; the domain error of any other, and NotAnApi
+        for a success that is not the API's JSON (another server's page)."""
+        if reply.response is None:
+            raise self.failure(reply)
+        return self.decoded(reply.response, api_object)
 
     def response(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """The successful response; a transport failure or an error status raises an LLDMonError."""

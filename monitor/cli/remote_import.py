@@ -15,9 +15,7 @@ did not start.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,9 +24,9 @@ from typing import Any, Final
 from rich.console import Console
 from rich.markup import escape
 
-from contracts import split
-from contracts.wire import DEFAULT_PROJECT, IMPORT_BATCH_PREFIX, encode_float
-from monitor.cli.remote import RemoteState, api_object, run_of
+from contracts.wire import DEFAULT_PROJECT, IMPORT_BATCH_PREFIX
+from lldmon_client import RetryPolicy, Uploader, masked, metrics_body, stable_batch_id
+from monitor.cli.remote import RemoteState, run_of
 from monitor.domain import AlertInfo, PhaseEventInfo, Principal, RunFilter, RunInfo
 from monitor.errors import Conflict, LLDMonError
 from monitor.import_command import (
@@ -44,7 +42,7 @@ from monitor.import_command import (
 )
 
 DEFAULT_CHUNK_STEPS: Final = 50
-_BATCH_NAMESPACE: Final = uuid.uuid5(uuid.NAMESPACE_URL, "lldmon:import-batch")
+_BATCH_NAMESPACE: Final = "lldmon:import-batch"
 _FINAL_STATUSES: Final = ("finished", "failed", "crashed")
 
 
@@ -77,22 +75,18 @@ def input_digest(files: Sequence[Path], options: ImportOptions, fmt: str) -> str
 
 def batch_id(run_id: int, digest: str, first_step: int, last_step: int) -> str:
     """Stable for the same run, input and step range: a re-sent batch is a duplicate."""
-    return (
-        IMPORT_BATCH_PREFIX + uuid.uuid5(_BATCH_NAMESPACE, f"{run_id}:{digest}:{first_step}-{last_step}").hex
-    )
+    key = f"{run_id}:{digest}:{first_step}-{last_step}"
+    return stable_batch_id(_BATCH_NAMESPACE, key, prefix=IMPORT_BATCH_PREFIX)
 
 
-def metrics_body(log: Any, lo: int, hi: int, batch: str) -> dict[str, Any]:
-    """Steps `lo:hi` of the log as a wire body: logged values only (None: not logged), NaN/inf strings."""
-    metrics: dict[str, list[Any]] = {}
-    for name in sorted(log.values):
-        mask = log.present[name][lo:hi]
-        if mask.any():
-            values = log.values[name][lo:hi].tolist()
-            metrics[name] = [
-                encode_float(v) if m else None for v, m in zip(values, mask.tolist(), strict=True)
-            ]
-    return {"batch_id": batch, "steps": [int(s) for s in log.steps[lo:hi]], "metrics": metrics}
+def log_body(log: Any, lo: int, hi: int, batch: str) -> dict[str, Any]:
+    """Steps `lo:hi` of the log as a metrics body: the names logged in them, sorted."""
+    columns = {
+        name: masked(log.values[name][lo:hi], log.present[name][lo:hi])
+        for name in sorted(log.values)
+        if log.present[name][lo:hi].any()
+    }
+    return metrics_body(batch, log.steps[lo:hi], columns)
 
 
 def _log_extent(log: Any) -> set[tuple[str, int, int, int]]:
@@ -188,7 +182,7 @@ def _send(
             for lo in range(0, len(log), chunk):
                 hi = min(lo + chunk, len(log))
                 first, last = int(log.steps[lo]), int(log.steps[hi - 1])
-                sender.send(run.id, metrics_body(log, lo, hi, batch_id(run.id, digest, first, last)))
+                sender.send(run.id, log_body(log, lo, hi, batch_id(run.id, digest, first, last)))
                 progress.advance(task, hi - lo)
                 interrupt.check()
         except BaseException:
@@ -232,37 +226,26 @@ def _after_stop(state: RemoteState, run_id: int, previous: str | None) -> str:
 
 
 class _Sender:
-    """Metrics bodies to the ingest API, gzip, split to the body limit (the one a 413 names)."""
+    """Metrics bodies to the ingest API (`lldmon_client.Uploader`: gzip, split to the body limit, the
+    one a 413 names); an answer that is no success raises its domain error."""
 
     def __init__(self, state: RemoteState) -> None:
         self.api = state.api
-        self.max_bytes = split.DEFAULT_MAX_BODY_BYTES
+        self.uploader = Uploader(state.api.session, retry=RetryPolicy(attempts=1))
         self.sent = self.duplicates = 0
         self.fate: str | None = None
         """What became of the run after sending stopped part way (None: it did not stop)."""
 
     def send(self, run_id: int, body: dict[str, Any]) -> None:
-        pending = split.split_body("metrics", body, self.max_bytes)
-        while pending:
-            part, raw = pending.pop(0)
-            response = self.api.request(
-                "POST",
-                f"/runs/{run_id}/metrics",
-                content=gzip.compress(raw),
-                headers={"content-type": "application/json", "content-encoding": "gzip"},
-            )
-            if response.status_code == 413:
-                limit = split.limit_from_error(response.text) or len(raw) // 2
-                self.max_bytes = min(self.max_bytes, max(1024, limit))
-                parts = split.split_body("metrics", part, self.max_bytes)
-                if len(parts) > 1:
-                    pending[:0] = parts
-                    continue
-            ack = self.api.decoded(response, api_object)
+        outcome = self.uploader.send(run_id, "metrics", body)
+        for sent in outcome.delivered:
+            ack = self.api.acknowledged(sent.reply)
             if ack.get("duplicate"):
                 self.duplicates += 1
             else:
                 self.sent += 1
+        if outcome.failure is not None:
+            raise self.api.failure(outcome.failure)
 
 
 def _fail(console: Console, message: str, code: int = EXIT_USAGE) -> int:

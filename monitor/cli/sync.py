@@ -93,23 +93,24 @@ def sync(
 
 
 class _SyncUploader:
-    """`lldmon sync`'s side of the wire: run ids by (project, name), batches cut to the service's
-    body limit (the one a 413 names), rejected batches offered again, finish markers applied.
+    """`lldmon sync`'s side of the wire: run ids by (project, name), batches sent once each
+    (`lldmon_client.Uploader`: cut to the service's body limit, the one a 413 names), rejected batches
+    offered again, finish markers applied.
 
     Every answer goes through `Api` (monitor.cli.remote), as the other remote commands': an
     unreachable service is a ServiceUnavailable, an answer that is not the API's JSON a NotAnApi;
     either stops the sync with its message in `problem`."""
 
     def __init__(self, api: Api) -> None:
-        from contracts import split
+        from lldmon_client import RetryPolicy, Uploader
 
         self.api = api
+        self.uploader = Uploader(api.session, retry=RetryPolicy(attempts=1))
         self.run_ids: dict[tuple[str | None, str], int] = {}
         self.created: set[tuple[str | None, str]] = set()
         """Runs this sync registered: their data arrived only through it."""
         self.counts = {"sent": 0, "duplicates": 0, "rejected": 0, "corrupt": 0}
         self.problem = ""
-        self.max_bytes = split.DEFAULT_MAX_BODY_BYTES
 
     def run_id(self, run: Any) -> int | None:
         """The run's id (an existing run is looked up, not re-registered: that would make a finished
@@ -149,45 +150,27 @@ class _SyncUploader:
 
     def send(self, entry: Any) -> Any:
         """One spool entry, in parts if it is over the body limit: "ok", "retry" or "reject"."""
-        import gzip
-
-        from contracts import split, spool
-        from monitor.cli.remote import api_object
         from monitor.errors import LLDMonError
 
         try:
             run_id = self.run_id(entry.run)
             if run_id is None:
                 return "retry"
-            pending = split.split_body(entry.kind, entry.body, self.max_bytes)
-            while pending:
-                body, raw = pending.pop(0)
-                response = self.api.request(
-                    "POST",
-                    f"/runs/{run_id}/{entry.kind}",
-                    content=gzip.compress(raw),
-                    headers={"content-type": "application/json", "content-encoding": "gzip"},
-                )
-                if response.status_code == 413:  # a proxy's limit too: its page need not be JSON
-                    limit = split.limit_from_error(response.text) or len(raw) // 2
-                    self.max_bytes = min(self.max_bytes, max(1024, limit))
-                    parts = split.split_body(entry.kind, body, self.max_bytes)
-                    if len(parts) > 1:
-                        pending[:0] = parts
-                        continue
-                outcome = spool.outcome_for_status(response.status_code)
-                if outcome == "ok":
-                    ack = self.api.decoded(response, api_object)
-                    self.counts["duplicates" if ack.get("duplicate") else "sent"] += 1
-                    continue
-                self.problem = self._refused(f"batch {entry.batch_id}", response)
-                if response.status_code == 404:
+            outcome = self.uploader.send(run_id, entry.kind, entry.body)
+            for sent in outcome.delivered:
+                self.api.acknowledged(sent.reply)  # another server's 2xx: NotAnApi
+                self.counts["duplicates" if sent.duplicate else "sent"] += 1
+            failure = outcome.failure
+            if failure is not None:
+                if failure.response is None:  # no answer: ServiceUnavailable
+                    raise self.api.failure(failure)
+                self.problem = self._refused(f"batch {entry.batch_id}", failure.response)
+                if failure.status == 404:
                     self.run_ids.pop(entry.run.key, None)
-                return outcome
         except LLDMonError as exc:
             self.problem = exc.message
             return "retry"
-        return "ok"
+        return outcome.verdict
 
     def resend_rejected(self, path: Path) -> bool:
         """Offer `path/rejected/` again (older than the spool: first); False if the service is out of

@@ -43,7 +43,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from contracts import metrics as M
-from contracts.wire import API_PREFIX
+from lldmon_client import Session
 from monitor.detector.labels import collapse_step, trailing_means
 from monitor.lab.grid import RunSpec
 from monitor.lab.results import (
@@ -523,17 +523,10 @@ class _Lab:
         except DemoError as exc:
             raise LabError(str(exc)) from None
         _check_script(self.o.python, script, todo)
-        with (
-            self._service() as url,
-            httpx.Client(
-                base_url=url + API_PREFIX,
-                timeout=30.0,
-                headers={"authorization": f"Bearer {self.o.token}"} if self.o.token else {},
-            ) as http,
-        ):
+        with self._service() as url, Session(url, token=self.o.token, timeout=30.0) as session:
             self.report.service = url
             self.meta["service"] = url
-            api = _Api(http, self.o.project)
+            api = _Api(session.http, self.o.project)
             self.console.print(
                 f"{len(todo)} runs to do, {min(self.o.jobs, len(todo))} at a time, streaming to {url} "
                 f"(project {self.o.project!r}; dashboard {url}/dashboard/)"

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from contracts.wire import API_PREFIX, MAX_BODY_HEADER
+from lldmon_client.http import body_limit as _body_limit
 from monitor.importers import load_verl_jsonl
 from monitor.importers.reading import parse_step
 from monitor.importers.tensorboard_events import _written_at
 from tests.monitor.api.helpers import history, new_run
-from trainer_hooks._transport import _body_limit
 
 NOT_ASCII = ["²", "①", "٣", "１２"]
 BAD_LENGTHS = [b"\xb2", "①".encode(), "٣".encode(), b"abc", b"-1", b"1.5", b"", b"0x10"]

@@ -21,6 +21,7 @@ from contracts import spool
 from contracts.wire import MAX_BODY_HEADER
 from tests.conftest import live_server_on
 from tests.live_server import LiveServer, free_port
+from tests.test_lldmon_client import BAD_URLS
 from trainer_hooks import _batching
 from trainer_hooks.client import MonitorClient, RetryPolicy
 
@@ -238,18 +239,7 @@ def test_a_frozen_service_leaves_the_newest_data_in_the_spool_without_holes(
 # ---------------------------------------------------------------------------- 14: URL mistakes, close()
 
 
-@pytest.mark.parametrize(
-    ("url", "message"),
-    [
-        ("lldmon:8000", "did you mean 'http://lldmon:8000'"),
-        ("127.0.0.1:8000", "did you mean 'http://127.0.0.1:8000'"),
-        ("ftp://lldmon:8000", "http://host:port"),
-        ("http://", "http://host:port"),
-        ("http://lldmon:99999", "not valid"),
-        ("http://lldmon:8000/?x=1", "query"),
-        ("", "http://host:port"),
-    ],
-)
+@pytest.mark.parametrize(("url", "message"), BAD_URLS)
 def test_a_url_the_client_cannot_use_is_refused_at_construction(
     tmp_path: Path, url: str, message: str
 ) -> None:
