@@ -50,6 +50,7 @@ def fuzz_operation(strategy: st.SearchStrategy[Any], call: Callable[[Any], None]
         run()
 
 
+@pytest.mark.slow  # about a minute per backend and auth mode
 @pytest.mark.parametrize("auth", ["token", "no-token"])
 def test_no_operation_answers_5xx_and_responses_match_the_schema(app: Any, auth: str) -> None:
     token = app.state.lldmon.auth.create_token("fuzz")[0]
