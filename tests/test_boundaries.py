@@ -1,4 +1,8 @@
-"""Package boundaries: trainer_hooks ships into training images; monitor never needs torch."""
+"""Package boundaries: trainer_hooks ships into training images; monitor never needs torch.
+
+The rules are data (`FORBIDDEN`, `CLIENT_ALLOWED_PACKAGES`, `CLIENT_USERS`, `NOT_LOADED`,
+`SERVICE_NOT_LOADED`, `LAYERS`), gathered in `RULES`, so that docs/architecture.md's table can be
+checked against exactly what these tests enforce (tests/test_architecture_doc.py)."""
 
 from __future__ import annotations
 
@@ -35,9 +39,12 @@ FORBIDDEN = {
     },
 }
 
-CLIENT_ALLOWED = {"httpx", "contracts", "lldmon_client", *sys.stdlib_module_names}
+CLIENT_ALLOWED_PACKAGES = frozenset({"httpx", "contracts", "lldmon_client"})
+CLIENT_ALLOWED = {*CLIENT_ALLOWED_PACKAGES, *sys.stdlib_module_names}
 """lldmon_client ships into training images with trainer_hooks, and monitor's commands use it too: it
 sits below both, beside contracts."""
+CLIENT_USERS = ("trainer_hooks", "monitor")
+"""The packages that talk to the service through lldmon_client (and must keep doing so: one client)."""
 
 
 def imported_roots(path: Path) -> set[str]:
@@ -67,14 +74,22 @@ def test_lldmon_client_imports_only_httpx_contracts_and_the_standard_library() -
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
-@pytest.mark.parametrize("package", ["trainer_hooks", "monitor"])
+@pytest.mark.parametrize("package", CLIENT_USERS)
 def test_trainer_hooks_and_monitor_may_import_lldmon_client(package: str) -> None:
     assert "lldmon_client" not in FORBIDDEN[package]
     assert any("lldmon_client" in imported_roots(path) for path in (ROOT / package).rglob("*.py"))
 
 
-def test_importing_the_service_does_not_load_torch() -> None:
-    code = "import sys, monitor.api.app, monitor.cli; assert 'torch' not in sys.modules, 'torch loaded'"
+SERVICE_NOT_LOADED = {"monitor.api.app, monitor.cli": ("torch",)}
+"""What importing the service (its HTTP app and its CLI) must not load."""
+
+
+@pytest.mark.parametrize("modules", sorted(SERVICE_NOT_LOADED))
+def test_importing_the_service_does_not_load_torch(modules: str) -> None:
+    code = (
+        f"import sys, {modules}\nbad = {set(SERVICE_NOT_LOADED[modules])!r} & set(sys.modules)\n"
+        "assert not bad, f'{bad} loaded'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
@@ -111,6 +126,8 @@ LAYERS = {
         "monitor.services.directive_policy",
     ),
     "monitor/services/liveness.py": ("monitor.alerting", "monitor.store.alerts"),
+    # The dashboard reads through monitor's services (its query layer) or the HTTP API: no SQL of its own.
+    "dashboard": ("monitor.store", "monitor.db", "sqlalchemy"),
 }
 
 
@@ -134,3 +151,14 @@ def test_layers_import_only_downwards(layer: str) -> None:
         for path in ([ROOT / layer] if layer.endswith(".py") else (ROOT / layer).rglob("*.py"))
     }
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+RULES: dict[tuple[str, str], frozenset[str]] = {
+    **{(package, "must not import"): frozenset(names) for package, names in FORBIDDEN.items()},
+    ("lldmon_client", "imports only"): CLIENT_ALLOWED_PACKAGES | {"the standard library"},
+    **{(package, "imports"): frozenset({"lldmon_client"}) for package in CLIENT_USERS},
+    **{(modules, "does not load"): frozenset(names) for modules, names in NOT_LOADED.items()},
+    **{(modules, "does not load"): frozenset(names) for modules, names in SERVICE_NOT_LOADED.items()},
+    **{(layer, "must not import"): frozenset(names) for layer, names in LAYERS.items()},
+}
+"""Every rule above as (where, rule) -> modules: the table docs/architecture.md must show as it is."""
