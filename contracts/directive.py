@@ -28,6 +28,8 @@ from typing import Final
 __all__ = [
     "APPLIED_VERSION_METRIC",
     "DEFAULT_LLDS_LAMBDA",
+    "MAX_LLDS_LAMBDA",
+    "MAX_REASON_CHARS",
     "SOURCE_DEFAULT",
     "SOURCE_DETECTOR",
     "SOURCE_MANUAL",
@@ -35,12 +37,32 @@ __all__ = [
     "LLDSDirective",
     "LeverTracker",
     "Levers",
+    "directive_problem",
     "parse_directive",
 ]
 
 DEFAULT_LLDS_LAMBDA: Final = 0.2
 """LLDS weight lambda ([LLD] Sec. 5.5, docs/science.md section 4: 0.2; 0.3 for Qwen2.5-7B-Instruct;
 0.01 only delays collapse)."""
+
+MAX_LLDS_LAMBDA: Final = 1e6
+"""The largest lambda a person may set: far beyond any useful weight (the paper's is 0.2), small enough
+that the term cannot overflow a float32 loss by itself."""
+MAX_REASON_CHARS: Final = 2000
+"""The longest reason a directive change may carry (it is shown in the dashboard, CLI and payloads)."""
+
+
+def directive_problem(llds_lambda: float | None = None, reason: str | None = None) -> tuple[str, str] | None:
+    """(field, what is wrong) for a manual directive change a person asked for, None if it is fine: the
+    one rule that the API, the local and remote CLI and the dashboard apply."""
+    if llds_lambda is not None and not (math.isfinite(llds_lambda) and 0 <= llds_lambda <= MAX_LLDS_LAMBDA):
+        return "lam", f"lambda must be a finite number in [0, {MAX_LLDS_LAMBDA:g}], got {llds_lambda!r}"
+    if reason is not None and len(reason) > MAX_REASON_CHARS:
+        return "reason", f"the reason is {len(reason)} characters long; at most {MAX_REASON_CHARS}"
+    if reason is not None and "\x00" in reason:
+        return "reason", "the reason contains a NUL character"
+    return None
+
 
 APPLIED_VERSION_METRIC: Final = "directive/applied_version"
 """The trainer's acknowledgement: the highest directive version it applied, logged with its next metrics."""

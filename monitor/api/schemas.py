@@ -8,7 +8,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from contracts.directive import DEFAULT_LLDS_LAMBDA
+from contracts.directive import DEFAULT_LLDS_LAMBDA, MAX_LLDS_LAMBDA, MAX_REASON_CHARS
 from contracts.wire import encode_float
 from monitor.api.unicode import invalid_text_path
 from monitor.detector.explain import explain_finding, explain_phase_change
@@ -177,7 +177,7 @@ class DirectiveOut(BaseModel):
 
 class LLDSIn(_Strict):
     enabled: bool
-    lam: float = Field(default=DEFAULT_LLDS_LAMBDA, ge=0, le=1e6)
+    lam: float = Field(default=DEFAULT_LLDS_LAMBDA, ge=0, le=MAX_LLDS_LAMBDA)
 
 
 class DirectiveIn(_Strict):
@@ -189,7 +189,7 @@ class DirectiveIn(_Strict):
     )
     stop: bool | None = Field(None, description="true: request a graceful stop; false: withdraw one.")
     stop_on_collapse: bool | None = Field(None, description="Request a stop when the run enters collapse.")
-    reason: str = Field(default="", max_length=2000, pattern=r"^[^\x00]*$")
+    reason: str = Field(default="", max_length=MAX_REASON_CHARS, pattern=r"^[^\x00]*$")
 
     @model_validator(mode="after")
     def _something(self) -> DirectiveIn:

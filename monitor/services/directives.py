@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 from sqlalchemy import Connection
 
-from contracts.directive import SOURCE_DETECTOR, SOURCE_MANUAL
+from contracts.directive import SOURCE_DETECTOR, SOURCE_MANUAL, directive_problem
 from monitor.config import Settings
 from monitor.domain import DirectiveInfo, Principal
 from monitor.errors import InvalidInput
@@ -62,8 +61,9 @@ class DirectiveService:
         """Manual change by a user, recorded as a new directive version with its reason: switch LLDS,
         request a checkpoint (`checkpoint=True`), request or withdraw a stop, opt in or out of
         stop-on-collapse. What is left None keeps its value."""
-        if llds_lambda is not None and not (llds_lambda >= 0 and np.isfinite(llds_lambda)):
-            raise InvalidInput("lambda must be a finite number >= 0", field="lam")
+        problem = directive_problem(llds_lambda, reason)
+        if problem is not None:
+            raise InvalidInput(problem[1], field=problem[0])
         sets_llds = llds_enabled is not None or llds_lambda is not None
         if not (sets_llds or checkpoint or stop is not None or stop_on_collapse is not None):
             raise InvalidInput("nothing to change: give llds, checkpoint, stop or stop_on_collapse")
