@@ -53,6 +53,11 @@ ACTION_COLUMNS: Final = (
     "is_answer",
     "source",
 )
+"""The one list of action columns: code that lists them derives from it, and the typed models that must
+spell them out (API wire model, domain batch, block codec, export and history dtypes) are tested
+against it (tests/test_action_columns.py)."""
+ACTION_FLOAT_COLUMNS: Final = ("delta", "old_logp_mean", "advantage", "reward")
+"""The float columns of ACTION_COLUMNS, in its order: a number, one of NONFINITE_STRINGS, or null (unknown)."""
 
 RUN_STALLED: Final = "stalled"
 """A running run silent (no batch, no heartbeat) past its stall threshold; a new batch or heartbeat revives it."""

@@ -66,7 +66,8 @@ class MetricsColumns:
 
 @dataclass(frozen=True)
 class ActionColumns:
-    """A decoded, validated action batch, one list per column, deduplicated by key."""
+    """A decoded, validated action batch, one list per column (`contracts.wire.ACTION_COLUMNS`, in
+    that order), deduplicated by key."""
 
     step: list[int]
     traj_index: list[int]

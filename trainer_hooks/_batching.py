@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from contracts.metrics import metric_name_problem
-from contracts.wire import ACTION_COLUMNS, ACTION_SOURCES, encode_float, encode_json
+from contracts.wire import ACTION_COLUMNS, ACTION_FLOAT_COLUMNS, ACTION_SOURCES, encode_float, encode_json
 from lldmon_client import actions_body, metrics_body, new_batch_id
 from lldmon_client.upload import Kind
 
@@ -31,7 +31,7 @@ Warn = Callable[..., object]
 """`warn(key, msg, *args)`: see `trainer_hooks._warn.WarnOnce`."""
 
 INT_COLUMNS: Final = ("step", "traj_index", "action_index", "n_tokens")
-FLOAT_COLUMNS: Final = ("delta", "old_logp_mean", "advantage", "reward")
+FLOAT_COLUMNS: Final = ACTION_FLOAT_COLUMNS
 REQUIRED_ACTION_COLUMNS: Final = ("traj_index", "action_index", "n_tokens", "delta", "is_answer")
 """`log_actions` needs these; `step` defaults to the step argument, `source` to "loss" and
 `old_logp_mean` / `advantage` / `reward` to null (unknown)."""

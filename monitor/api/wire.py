@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from contracts.metrics import metric_name_problem
-from contracts.wire import BATCH_ID_MAX_LENGTH, NONFINITE_STRINGS
+from contracts.wire import ACTION_FLOAT_COLUMNS, BATCH_ID_MAX_LENGTH, NONFINITE_STRINGS
 from monitor.api.unicode import printable
 from monitor.domain import ActionColumns, MetricsColumns
 from monitor.errors import InvalidInput
@@ -35,6 +35,8 @@ class MetricsBatchWire(msgspec.Struct, forbid_unknown_fields=True):
     metrics: dict[str, list[Value]]
 
 
+# Fields: `batch_id` and `contracts.wire.ACTION_COLUMNS` in that order, spelled out for their types
+# (tests/test_action_columns.py checks the names). The docstring is the OpenAPI schema's description.
 class ActionsBatchWire(msgspec.Struct, forbid_unknown_fields=True):
     """Per-action records, one array per column, all of the same length."""
 
@@ -87,10 +89,7 @@ def decode_actions(body: bytes) -> tuple[str, ActionColumns]:
         length = len(getattr(wire, column))
         if length != n:
             raise InvalidInput(f"has {length} values but step has {n}", field=column)
-    floats = {
-        name: _float_column(getattr(wire, name), name)
-        for name in ("delta", "old_logp_mean", "advantage", "reward")
-    }
+    floats = {name: _float_column(getattr(wire, name), name) for name in ACTION_FLOAT_COLUMNS}
     batch = ActionColumns(
         step=wire.step,
         traj_index=wire.traj_index,

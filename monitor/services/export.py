@@ -39,6 +39,7 @@ import numpy.typing as npt
 from contracts.action_pages import DEFAULT_PAGE_RECORDS, MAX_ACTION_READ, ActionCursor, PagingUnsupported
 from contracts.action_pages import action_pages as pages_of_records
 from contracts.wire import ACTION_COLUMNS as WIRE_ACTION_COLUMNS
+from contracts.wire import ACTION_FLOAT_COLUMNS
 from monitor.domain import Principal, Series
 from monitor.errors import InvalidInput
 from monitor.importers.lldmon_export import PARQUET_METADATA_KEY
@@ -345,7 +346,7 @@ def _source_array(source: npt.NDArray[Any]) -> Any:
     return pa.array(["loss", "probe"]).take(pa.array(probe.astype(np.int8)))
 
 
-_FLOAT_COLUMNS: Final = frozenset({"delta", "old_logp_mean", "advantage", "reward"})
+_FLOAT_COLUMNS: Final = frozenset(ACTION_FLOAT_COLUMNS)
 _ARROW_TYPES: Final[dict[str, str]] = {
     "step": "int64",
     "source": "string",

@@ -19,8 +19,9 @@ Format (version 1), little-endian, lossless:
 Byte shuffling (all first bytes, then all second bytes, ...) groups the bytes that are alike (signs
 and exponents) so that zlib finds them; level 1 compresses as well as 6 here at a fraction of the time.
 
-This module is pure numpy + zlib: no SQL, no I/O. Migrations use it too, so `decode_block` must keep
-reading every version written so far.
+This module is pure numpy + zlib: no SQL, no I/O. Stored blocks outlive the code that wrote them, so
+`decode_block` must keep reading every version written so far (revision 0007 writes version 1 with its
+own frozen copy of this codec).
 """
 
 from __future__ import annotations

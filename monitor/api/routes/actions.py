@@ -9,7 +9,7 @@ import orjson
 from fastapi import Depends, Query, Response
 
 from contracts.action_pages import MAX_ACTION_READ, ActionCursor
-from contracts.wire import encode_float
+from contracts.wire import ACTION_FLOAT_COLUMNS, encode_float
 from monitor.api.params import MAX_BIGINT, RunId
 from monitor.api.routes._run import ERRORS, run_router
 from monitor.api.schemas import ActionSummariesOut
@@ -41,7 +41,7 @@ def action_records(
     Steps pruned by retention have none."""
     after = _cursor(after_step, after_source, after_traj_index, after_action_index)
     columns = state.query.actions(principal, run_id, step_min, step_max, source, limit, after)
-    for name in ("delta", "old_logp_mean", "advantage", "reward"):
+    for name in ACTION_FLOAT_COLUMNS:
         columns[name] = [encode_float(v) for v in columns[name]]
     return Response(orjson.dumps({"run_id": run_id, **columns}), media_type="application/json")
 
