@@ -20,16 +20,16 @@ from dashboard.layout import error_page
 from dashboard.pages import compare as compare_page
 from dashboard.pages import run as run_page
 from dashboard.pages import runs as runs_page
-from monitor.api.unicode import printable
 from monitor.domain import Principal, RunInfo
 from monitor.errors import InvalidInput, LLDMonError, NotFound
+from monitor.surrogates import surrogates_escaped
 
 SHOWN_CHARS = 120
 """Of a URL echoed in a 404 page."""
 
 
 def _shown(text: str) -> str:
-    text = printable(text)
+    text = surrogates_escaped(text)
     return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
 
 

@@ -10,9 +10,9 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from contracts.directive import DEFAULT_LLDS_LAMBDA, MAX_LLDS_LAMBDA, MAX_REASON_CHARS
 from contracts.wire import encode_float
-from monitor.api.unicode import invalid_text_path
 from monitor.detector.explain import explain_finding, explain_phase_change
 from monitor.domain import AlertInfo, DirectiveInfo, IngestAck, PhaseEventInfo, RunInfo, RunSummary
+from monitor.surrogates import invalid_text_path
 
 Name = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00]+$")]
 ProjectName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00]+$")]
@@ -56,7 +56,7 @@ class _Strict(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _valid_text(cls, data: Any) -> Any:
-        """Refuse lone surrogates anywhere in the body (see `monitor.api.unicode`), after refusing
+        """Refuse lone surrogates anywhere in the body (see `monitor.surrogates`), after refusing
         bodies nested too deeply to walk."""
         field = _deep_field(data, MAX_BODY_DEPTH)
         if field is not None:

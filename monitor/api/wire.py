@@ -15,9 +15,9 @@ import msgspec
 
 from contracts.metrics import metric_name_problem
 from contracts.wire import ACTION_FLOAT_COLUMNS, BATCH_ID_MAX_LENGTH, NONFINITE_STRINGS
-from monitor.api.unicode import printable
 from monitor.domain import ActionColumns, MetricsColumns
 from monitor.errors import InvalidInput
+from monitor.surrogates import surrogates_escaped
 
 BatchId = Annotated[
     str, msgspec.Meta(min_length=1, max_length=BATCH_ID_MAX_LENGTH, pattern=r"^[A-Za-z0-9._:-]+$")
@@ -67,7 +67,7 @@ def decode_metrics(body: bytes) -> tuple[str, MetricsColumns]:
         field = f"metrics.{name}"
         problem = metric_name_problem(name)
         if problem is not None:
-            raise InvalidInput(problem, field=printable(field))
+            raise InvalidInput(problem, field=surrogates_escaped(field))
         if len(column) != n:
             raise InvalidInput(f"has {len(column)} values but steps has {n}", field=field)
         for step, raw in zip(wire.steps, column, strict=True):

@@ -19,7 +19,7 @@ def is_valid_text(value: str) -> bool:
     return True
 
 
-def printable(value: str) -> str:
+def surrogates_escaped(value: str) -> str:
     """`value` with lone surrogates written as `\\udXXX`, so that it can go into an error message."""
     return value.encode("utf-8", "backslashreplace").decode("utf-8")
 
@@ -28,7 +28,7 @@ def invalid_text_path(value: Any) -> str | None:
     """Path (`config.k[2]`, printable) of the first string, key or value, in a decoded JSON value
     that is not valid text; None if there is none."""
     found = _find(value, "")
-    return None if found is None else printable(found) or "body"
+    return None if found is None else surrogates_escaped(found) or "body"
 
 
 def _find(value: Any, path: str) -> str | None:
