@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from monitor.api.state import AppState
+from monitor.bootstrap import Services
 from monitor.domain import AlertInfo, DirectiveInfo, PhaseEventInfo, Principal, RunFilter, RunInfo, Series
 
 RUNS_LIMIT = 500
 
 
 def series_map(
-    state: AppState,
+    state: Services,
     principal: Principal,
     run_id: int,
     names: Sequence[str],
@@ -52,7 +52,7 @@ class RunContext:
         return "|".join(parts)
 
 
-def run_context(state: AppState, principal: Principal, run_id: int) -> RunContext:
+def run_context(state: Services, principal: Principal, run_id: int) -> RunContext:
     run = state.runs.get(principal, run_id)
     return RunContext(
         run=run,
@@ -70,7 +70,7 @@ class RunRow:
 
 
 def list_runs(
-    state: AppState,
+    state: Services,
     principal: Principal,
     *,
     project: str | None = None,
@@ -96,17 +96,17 @@ def list_runs(
     return [RunRow(run=r, open_alerts=counts[r.id]) for r in runs]
 
 
-def runs_named(state: AppState, principal: Principal, name: str, project: str | None = None) -> list[RunInfo]:
+def runs_named(state: Services, principal: Principal, name: str, project: str | None = None) -> list[RunInfo]:
     """The runs the principal may see with exactly this name (one per project at most), optionally of
     one project."""
     return state.runs.list(principal, RunFilter(project=project, name=name, limit=RUNS_LIMIT))
 
 
-def projects(state: AppState, principal: Principal) -> list[str]:
+def projects(state: Services, principal: Principal) -> list[str]:
     return sorted({r.project for r in state.runs.list(principal, RunFilter(limit=RUNS_LIMIT))})
 
 
-def run_options(state: AppState, principal: Principal) -> list[dict[str, object]]:
+def run_options(state: Services, principal: Principal) -> list[dict[str, object]]:
     """Dropdown options for picking runs: "project / name (#id)"."""
     runs = state.runs.list(principal, RunFilter(limit=RUNS_LIMIT))
     return [{"label": f"{r.project} / {r.name} (#{r.id})", "value": r.id} for r in runs]

@@ -14,7 +14,7 @@ from typing import Final
 
 from contracts.metrics import MAX_METRIC_NAME_LENGTH
 from contracts.wire import ACTION_SOURCES
-from monitor.api.params import MAX_BIGINT
+from monitor.domain import MAX_BIGINT
 from monitor.errors import InvalidInput
 from monitor.services.runs import MAX_RUN_ID
 from monitor.surrogates import is_valid_text

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from contracts.directive import DEFAULT_LLDS_LAMBDA
+
+MAX_BIGINT: Final = 2**63 - 1
+"""Largest value of a BIGINT column (steps, alert ids) and of SQLite's INTEGER: every id or step the
+service takes is bounded by it, so an overflow is a clear refusal, never a driver error."""
 
 
 @dataclass(frozen=True)

@@ -126,8 +126,17 @@ LAYERS = {
         "monitor.services.directive_policy",
     ),
     "monitor/services/liveness.py": ("monitor.alerting", "monitor.store.alerts"),
-    # The dashboard reads through monitor's services (its query layer) or the HTTP API: no SQL of its own.
-    "dashboard": ("monitor.store", "monitor.db", "sqlalchemy"),
+    # The dashboard reads through monitor's services (its query layer) or the HTTP API: no SQL of its own,
+    # and none of the HTTP layer's plumbing (its request schemas, for the directive form, are the last).
+    "dashboard": (
+        "monitor.store",
+        "monitor.db",
+        "sqlalchemy",
+        "monitor.api.app",
+        "monitor.api.state",
+        "monitor.api.params",
+        "monitor.api.routes",
+    ),
 }
 
 

@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from dashboard.layout import PathFor
-from monitor.api.state import AppState
+from monitor.bootstrap import Services
 from monitor.errors import LLDMonError
 
 
 @dataclass(frozen=True)
 class DashContext:
-    state: AppState
+    state: Services
     path_for: PathFor
     run_refresh_ms: int
     runs_refresh_ms: int

@@ -36,7 +36,7 @@ from dashboard.figures import (
     present_metrics,
 )
 from dashboard.panels import PANEL_METRICS, PANELS, Panel
-from monitor.api.state import AppState
+from monitor.bootstrap import Services
 from monitor.domain import Principal, Series
 from monitor.errors import LLDMonError
 
@@ -55,7 +55,7 @@ def last_step_of(series: Mapping[str, Series], default: int = -1) -> int:
 
 
 def load_panel(
-    state: AppState,
+    state: Services,
     principal: Principal,
     run_id: object,
     panel: Panel,
@@ -87,7 +87,7 @@ def load_panel(
     return figure, cursor
 
 
-def panel_load(state: AppState, principal: Principal, run_id: object, panel: Panel) -> tuple[Figure, Any]:
+def panel_load(state: Services, principal: Principal, run_id: object, panel: Panel) -> tuple[Figure, Any]:
     """What a panel's load callback answers: the panel, or a figure that says what went wrong."""
     try:
         return load_panel(state, principal, run_id, panel)
@@ -137,7 +137,7 @@ def valid_cursor(cursor: object, run_id: int, panel: Panel) -> Cursor | None:
 
 
 def load_panels(
-    state: AppState, principal: Principal, run_id: object, *, max_points: int = MAX_POINTS
+    state: Services, principal: Principal, run_id: object, *, max_points: int = MAX_POINTS
 ) -> tuple[list[Figure], list[Cursor]]:
     """Every panel (what the page's load callbacks do one by one)."""
     run_id = inputs.run_id(run_id)
@@ -152,7 +152,7 @@ def _after(series: Series, step: int) -> Series:
 
 
 def refresh_panels(
-    state: AppState,
+    state: Services,
     principal: Principal,
     run_id: object,
     cursors: Sequence[object],
@@ -171,7 +171,7 @@ def refresh_panels(
 
 
 def _refresh(
-    state: AppState,
+    state: Services,
     principal: Principal,
     run_id: int,
     raw_cursors: Sequence[object],

@@ -7,10 +7,8 @@ from typing import Annotated, Final
 
 from fastapi import Path, Query
 
+from monitor.domain import MAX_BIGINT
 from monitor.services.runs import MAX_RUN_ID
-
-MAX_BIGINT: Final = 2**63 - 1
-"""Largest value of a BIGINT column (steps, alert ids) and of SQLite's INTEGER."""
 
 RunId = Annotated[int, Path(ge=0, le=MAX_RUN_ID, description="The run's id.")]
 AlertId = Annotated[int, Path(ge=0, le=MAX_BIGINT, description="The alert's id.")]

@@ -8,7 +8,7 @@ from monitor.bootstrap import Services
 from monitor.domain import Principal
 
 AppState = Services
-"""The name routes, the dashboard and tests have used; the type is `monitor.bootstrap.Services`."""
+"""The name the routes use for `monitor.bootstrap.Services` (the dashboard uses Services itself)."""
 
 
 def get_state(request: Request) -> Services:

@@ -15,14 +15,14 @@ import msgspec
 
 from contracts.metrics import metric_name_problem
 from contracts.wire import ACTION_FLOAT_COLUMNS, BATCH_ID_MAX_LENGTH, NONFINITE_STRINGS
-from monitor.domain import ActionColumns, MetricsColumns
+from monitor.domain import MAX_BIGINT, ActionColumns, MetricsColumns
 from monitor.errors import InvalidInput
 from monitor.surrogates import surrogates_escaped
 
 BatchId = Annotated[
     str, msgspec.Meta(min_length=1, max_length=BATCH_ID_MAX_LENGTH, pattern=r"^[A-Za-z0-9._:-]+$")
 ]
-Step = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+Step = Annotated[int, msgspec.Meta(ge=0, le=MAX_BIGINT)]
 Index = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
 Value = float | str | None
 

@@ -10,11 +10,11 @@ from fastapi import Depends, Query, Response
 
 from contracts.action_pages import MAX_ACTION_READ, ActionCursor
 from contracts.wire import ACTION_FLOAT_COLUMNS, encode_float
-from monitor.api.params import MAX_BIGINT, RunId
+from monitor.api.params import RunId
 from monitor.api.routes._run import ERRORS, run_router
 from monitor.api.schemas import ActionSummariesOut
 from monitor.api.state import AppState, get_principal, get_state
-from monitor.domain import Principal
+from monitor.domain import MAX_BIGINT, Principal
 from monitor.errors import InvalidInput
 
 router = run_router()

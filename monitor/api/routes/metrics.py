@@ -9,11 +9,11 @@ from fastapi import Depends, Query, Response
 from pydantic import Field
 
 from contracts.wire import encode_float
-from monitor.api.params import MAX_BIGINT, NO_NUL, RunId
+from monitor.api.params import NO_NUL, RunId
 from monitor.api.routes._run import ERRORS, run_router
 from monitor.api.schemas import HistoryOut, MetricNameOut
 from monitor.api.state import AppState, get_principal, get_state
-from monitor.domain import Principal
+from monitor.domain import MAX_BIGINT, Principal
 
 router = run_router()
 

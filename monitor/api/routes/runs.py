@@ -9,10 +9,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from monitor.api.params import MAX_BIGINT, NO_NUL, NoNul, RunId
+from monitor.api.params import NO_NUL, NoNul, RunId
 from monitor.api.schemas import PolicyIn, RunCreate, RunFinish, RunOut
 from monitor.api.state import AppState, get_principal, get_state
-from monitor.domain import Liveness, Principal, RunFilter
+from monitor.domain import MAX_BIGINT, Liveness, Principal, RunFilter
 from monitor.services.liveness import MAX_THRESHOLD_S, LivenessService
 
 router = APIRouter(prefix="/runs", tags=["runs"])
