@@ -52,7 +52,6 @@ from dashboard.theme import (
 from monitor.detector.explain import (
     PHASE_DESCRIPTIONS,
     alert_steps,
-    explain_evidence,
     explain_finding,
     explain_phase_change,
 )
@@ -138,12 +137,6 @@ def band_shapes(bands: Sequence[Band]) -> list[dict[str, Any]]:
         }
         for b in bands
     ]
-
-
-def evidence_lines(evidence: Mapping[str, Any], limit: int = 14, *, step: int | None = None) -> list[str]:
-    """Evidence as short human lines (fired detector signals first; no internal keys): see
-    `monitor.detector.explain`."""
-    return _limited(explain_evidence(evidence, step=step), limit)
 
 
 def _limited(lines: list[str], limit: int) -> list[str]:

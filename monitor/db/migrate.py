@@ -40,7 +40,3 @@ def head_revision() -> str:
 def current_revision(engine: Engine) -> str | None:
     with engine.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
-
-
-def is_up_to_date(engine: Engine) -> bool:
-    return current_revision(engine) == head_revision()

@@ -19,7 +19,6 @@ from dashboard.figures import (
     CompareRun,
     action_step,
     band_shapes,
-    evidence_lines,
     marker_trace,
     markers_of,
     phase_bands,
@@ -33,6 +32,7 @@ from dashboard.theme import (
     SEVERITY_COLORS,
     SYMBOL_GLYPHS,
 )
+from monitor.detector.explain import explain_evidence
 from monitor.domain import AlertInfo, DirectiveInfo, PhaseEventInfo, Series
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -188,7 +188,7 @@ def test_markers_for_alerts_directives_and_phase_changes_carry_hover_evidence() 
 
 
 def test_evidence_lines_put_fired_signals_first_in_words() -> None:
-    lines = evidence_lines(
+    lines = explain_evidence(
         {
             "signals": {
                 "a_signal": {"fired": False, "statistic": 1.0},
@@ -210,8 +210,6 @@ def test_evidence_lines_put_fired_signals_first_in_words() -> None:
         "reward still rising on reward/mean: Mann-Kendall Z = 6.97 over the last 71 steps (steps 40-110)",
         "checked, not fired: a signal 1",  # last, under its heading: never read as a reason
     ]
-    many = {"signals": {f"s{i}": {"fired": True, "statistic": i} for i in range(40)}}
-    assert len(evidence_lines(many, limit=5)) == 6
 
 
 def test_hover_lines_are_wrapped_and_limited() -> None:
