@@ -78,7 +78,7 @@ class Settings(BaseSettings):
         "20: on the lab runs a flickering reward_zero came back 4 steps after clearing in 54 of 61 "
         "returns and within 20 in 3 more. 0 turns this off.",
     )
-    # Delivery (issue 15): one worker per sink, so a dead sink only delays itself.
+    # Delivery: one worker per sink, so a dead sink only delays itself.
     webhook_min_severity: Severity = Field(default="info", description="Least severe alert a webhook gets.")
     slack_min_severity: Severity = Field(default="info", description="Least severe alert Slack gets.")
     webhook_secret: SecretStr | None = Field(
@@ -121,7 +121,7 @@ class Settings(BaseSettings):
         default=4.0, gt=1, description="Default crash threshold: this times the stall threshold."
     )
 
-    # Retention (issue 17): raw action records older than this lose their payload; per-step quantile
+    # Retention: raw action records older than this lose their payload; per-step quantile
     # summaries stay. Checked at start-up and then every `actions_prune_seconds` by each server process.
     actions_retention: timedelta | None = Field(
         default=None,

@@ -3,7 +3,7 @@ connection open without completing a request.
 
 uvicorn times out only idle keep-alive connections (`timeout_keep_alive`, after a response): a client
 that connects and sends nothing, or half a request line, or a body that stalls, holds a connection and
-its buffers for as long as it likes (issue 16, defect 15: 300 such connections held for 20 s). The
+its buffers for as long as it likes (measured: 300 such connections held for 20 s). The
 protocol here adds the two timeouts of nginx's `client_header_timeout` / `client_body_timeout`: the
 request head must be complete within `request_timeout` seconds of its first byte (or of the connection),
 and a body may pause no longer than that between two reads.

@@ -196,7 +196,7 @@ class Alert(Base):
 
 
 class AlertDelivery(Base):
-    """Where an alert's latest notification stands at one sink (issue 15; `contracts.alerts`)."""
+    """Where an alert's latest notification stands at one sink (`contracts.alerts`)."""
 
     __tablename__ = "alert_deliveries"
     __table_args__ = (

@@ -242,8 +242,8 @@ class DetectorConfig:
     `surge_z`; the run enters phase III when the outcome follows (valid actions or searches fall, the
     reward drops). Real logs: <= 1.3x on healthy runs (docs/science.md section 3)."""
     entropy_explosion_validity_drop: float = 0.15
-    """...phase III when, with it, valid actions / searches fall this share below their baseline (issue 14's
-    real run: entropy 0.57 -> 3.3 with invalid actions to 28 %). Project choice."""
+    """...phase III when, with it, valid actions / searches fall this share below their baseline (a real
+    agent run: entropy 0.57 -> 3.3 with invalid actions to 28 %). Project choice."""
     entropy_explosion_window: int = 10
     """Steps of the recent entropy median for the explosion (slower than the 5-step surge)."""
     entropy_rise_ratio: float = 1.5

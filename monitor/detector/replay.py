@@ -1,8 +1,8 @@
 """Thinned replays of a run: what the detector would have seen from a trainer that logs less often.
 
 Used by the tests and `benchmarks/detection.py` to check that every window and confirmation works in
-steps, not points (issue 14: TRL's default `logging_steps=10`, or a reward every 2 steps and the
-likelihood deltas every 5).
+steps, not points (TRL's default `logging_steps=10`, or a reward every 2 steps and the likelihood
+deltas every 5).
 """
 
 from __future__ import annotations

@@ -231,7 +231,7 @@ def healthy_scenario(seed: int, n_steps: int | None = None, population_shift: bo
     """A run that learns and saturates without collapsing (with hook metrics); 250-450 steps unless
     `n_steps` is given (the cost benchmark uses 10k). `population_shift`: `lld/logp_pos` falls by 0.15-0.4
     as easy groups leave the A > 0 population, while the anchor set and the correct population hold
-    their likelihood (a control that must stay healthy: issue 14)."""
+    their likelihood (a control that must stay healthy)."""
     rng = np.random.default_rng(seed)
     n = int(rng.integers(250, 451))
     if n_steps is not None:
