@@ -12,6 +12,7 @@ the service's limit is cut) is written once. It imports only httpx, the standard
 - `bodies`: the ingest bodies of `contracts.wire` (`metrics_body`, `actions_body`) and batch ids.
 - `upload`: `Uploader.send(run_id, kind, body) -> Outcome`: retries, the 413 learn-and-split, and which
   parts were delivered, refused or left for later.
+- `answers`: an answer that is not the API's (a dashboard page, a proxy's error page) in one line.
 """
 
 from lldmon_client.bodies import actions_body, masked, metrics_body, new_batch_id, stable_batch_id

@@ -47,6 +47,7 @@ import httpx
 
 from contracts import split
 from lldmon_client import Reply, RetryPolicy, Session, Uploader, metrics_body, stable_batch_id
+from lldmon_client.answers import json_body, not_an_api_message
 from monitor.importers.detect import TRL_LOG, VERL_CONSOLE, VERL_JSONL, detect_format
 from monitor.importers.reading import Diagnostics, Line, LogImportError
 from monitor.importers.trl_stdout import parse_trl_lines
@@ -270,7 +271,7 @@ class Service:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.session = Session(url, token=token, timeout=timeout, transport=transport)
-        self.base_url = self.session.base_url
+        self.url, self.base_url = url.strip(), self.session.base_url
         self.run, self.project = run, project
         self.stop, self.echo = stop, echo
         self.uploader = Uploader(
@@ -296,6 +297,8 @@ class Service:
         reply = self.uploader.request(method, path, json=body)
         if reply.transient and self.stop.is_set():
             return None
+        if reply.response is not None and json_body(reply.response) is None:  # the dashboard, a proxy
+            raise WatchError(not_an_api_message(self.url, self.base_url, reply.response))
         if reply.outcome != "ok":
             raise WatchError(f"{what}: {reply.describe()}")
         return reply

@@ -181,3 +181,22 @@ def _environ() -> dict[str, str]:
     import os
 
     return {k: v for k, v in os.environ.items() if k not in ("LLDMON_URL", "LLDMON_TOKEN")}
+
+
+@pytest.mark.parametrize("where", ["dashboard", "error page"])
+def test_watch_stops_on_a_non_api_answer_with_one_line(
+    html_200: str, html_error: str, tmp_path: Path, where: str
+) -> None:
+    """`lldmon watch` registers its run first: a page instead of the API ends it with the same line as the
+    other commands, not the page's HTML (it retries only while the service is unreachable or busy)."""
+    log = tmp_path / "log.jsonl"  # verl's file logger: a line per step
+    log.write_text('{"step": 1, "reward": 0.5}\n')
+    url = f"{html_200}/dashboard/" if where == "dashboard" else html_error
+    args = ["watch", str(log), "--run", "w", "--from-start", "--state-dir", str(tmp_path / "state")]
+    result = runner.invoke(app, [*args, "--url", url], env=ENV)
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "DOCTYPE" not in result.output and "Traceback" not in result.output
+    assert f"{url} did not answer as an lldmon API (HTML, HTTP " in errors[0], errors
+    if where == "dashboard":
+        assert errors[0].endswith(f"the API is at {html_200}/api/v1 (--url {html_200})"), errors

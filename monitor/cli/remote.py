@@ -18,12 +18,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Final, TypeVar, overload
-from urllib.parse import urlsplit
 
 import httpx
 
-from contracts.wire import API_PREFIX, decode_float
+from contracts.wire import decode_float
 from lldmon_client import Reply, Session
+from lldmon_client.answers import json_body, non_json_kind, not_an_api_message
 from monitor.domain import (
     AlertInfo,
     DeliveryInfo,
@@ -129,8 +129,8 @@ class Api:
     def error(self, response: httpx.Response) -> LLDMonError:
         """The domain error an error `response` stands for: the one its status and JSON body name, or
         NotAnApi when the body is not JSON (the API's errors are JSON too: this is another server)."""
-        if _json_body(response) is None:
-            return self.not_an_api(response, _kind(response))
+        if json_body(response) is None:
+            return self.not_an_api(response, non_json_kind(response))
         message, field = _error_of(response)
         if response.status_code == 401:
             message += " (pass --token or set LLDMON_TOKEN)" if not self.has_token else " (check --token)"
@@ -155,9 +155,9 @@ class Api:
         """`decode` applied to the JSON body of a successful `response`; an error status, a body that is
         not JSON or JSON that `decode` cannot read (another server's shapes) raises an LLDMonError."""
         self.check(response)
-        body = _json_body(response)
+        body = json_body(response)
         if body is None:
-            raise self.not_an_api(response, _kind(response))
+            raise self.not_an_api(response, non_json_kind(response))
         try:
             return body if decode is None else decode(body)
         except _SHAPE_ERRORS as exc:
@@ -165,39 +165,7 @@ class Api:
 
     def not_an_api(self, response: httpx.Response, kind: str) -> NotAnApi:
         """One line: which URL answered what, and where the API would be."""
-        parts = urlsplit(self.base_url)
-        origin = f"{parts.scheme}://{parts.netloc}"
-        api = origin + API_PREFIX
-        request = response.request
-        asked = f"{request.method} {request.url.path}"
-        if self.base_url != api:  # a path before /api/v1: the dashboard's URL, a proxy prefix
-            hint = f"the API is at {api} (--url {origin})"
-        else:
-            hint = f"is an lldmon service (`lldmon serve`) listening at {origin}?"
-        return NotAnApi(
-            f"{self.url} did not answer as an lldmon API ({kind}, HTTP {response.status_code} to "
-            f"{asked}); {hint}"
-        )
-
-
-def _json_body(response: httpx.Response) -> Any:
-    """The parsed JSON body, or None if the body is not JSON (JSON `null` is no API answer either)."""
-    try:
-        return response.json()
-    except ValueError:  # json.JSONDecodeError, UnicodeDecodeError
-        return None
-
-
-def _kind(response: httpx.Response) -> str:
-    """What a non-JSON answer was, in a word or two: HTML, text/plain, an empty body, malformed JSON."""
-    media = response.headers.get("content-type", "").partition(";")[0].strip().lower()
-    if not response.content:
-        return "an empty body"
-    if media in ("text/html", "application/xhtml+xml"):
-        return "HTML"
-    if media == "application/json" or media.endswith("+json"):
-        return "malformed JSON"
-    return media or "a body without a content type"
+        return NotAnApi(not_an_api_message(self.url, self.base_url, response, kind))
 
 
 def _missing(exc: BaseException) -> str:
