@@ -47,7 +47,7 @@ import httpx
 
 from contracts import split
 from lldmon_client import Reply, RetryPolicy, Session, Uploader, metrics_body, stable_batch_id
-from lldmon_client.answers import json_body, not_an_api_message
+from lldmon_client.answers import not_an_api_message
 from monitor.importers.detect import TRL_LOG, VERL_CONSOLE, VERL_JSONL, detect_format
 from monitor.importers.reading import Diagnostics, Line, LogImportError
 from monitor.importers.trl_stdout import parse_trl_lines
@@ -297,7 +297,7 @@ class Service:
         reply = self.uploader.request(method, path, json=body)
         if reply.transient and self.stop.is_set():
             return None
-        if reply.response is not None and json_body(reply.response) is None:  # the dashboard, a proxy
+        if reply.response is not None and reply.data is None:  # not JSON: the dashboard, a proxy's page
             raise WatchError(not_an_api_message(self.url, self.base_url, reply.response))
         if reply.outcome != "ok":
             raise WatchError(f"{what}: {reply.describe()}")
