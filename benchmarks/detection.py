@@ -77,16 +77,19 @@ def render_designs(report: EvaluationReport) -> str:
         if r.source == SOURCE_LAB:
             rows.setdefault(reward_design(r), []).append(r)
     lines = [
-        "per lab reward design: critical by label + 5 | warning >= 20 ahead (countable) | false critical on controls",
+        "per lab reward design: critical by label + 5 | warning >= 20 ahead (countable) | false critical on controls"
+        " | damaged runs with a critical",
     ]
     for design, runs in sorted(rows.items()):
         collapsing = [r for r in runs if r.collapses]
         countable = [r for r in collapsing if r.early_countable]
-        controls = [r for r in runs if not r.collapses]
+        controls = [r for r in runs if r.control]
+        damaged = [r for r in runs if r.damaged]
         lines.append(
             f"  {design:<10} {sum(r.critical_in_time for r in collapsing)}/{len(collapsing)} | "
             f"{sum(r.warned_early for r in countable)}/{len(countable)} | "
-            f"{sum(r.first_critical is not None for r in controls)}/{len(controls)}"
+            f"{sum(r.first_critical is not None for r in controls)}/{len(controls)} | "
+            f"{sum(r.first_critical is not None for r in damaged)}/{len(damaged)}"
         )
     return "\n".join(lines)
 
@@ -108,7 +111,7 @@ def run_evaluation(runs: list[LabelledRun], jobs: int, scale_free: bool = False)
 
 def run_budgets(runs: list[LabelledRun], jobs: int, scale_free: bool = False) -> list[Budget]:
     """The false-critical budget of the controls (`monitor.eval_harder`)."""
-    controls = [r for r in runs if not r.collapses]
+    controls = [r for r in runs if r.control]
     one = functools.partial(judge, scale_free=scale_free)
     if jobs > 1:
         with ProcessPoolExecutor(jobs) as pool:

@@ -10,7 +10,10 @@ and every target is per source.
 Per run, per source and per group of runs:
 - the label: given (scenarios, lab fixtures, labels file) or `monitor.detector.labels.collapse_step` (the
   one collapse rule: the first step after which the reward's 10-step trailing mean stays below 20 % of its
-  running peak until the end);
+  running peak until the end); a run that does not collapse is a control only when it is not damaged
+  (`monitor.detector.labels.longest_shortfall`: its trailing mean below half its running peak for 30
+  steps or more). A damaged run owes no critical finding and a critical finding on it is no false alarm;
+  the report counts them apart;
 - lead time: steps from the first decay / collapse finding to the labelled collapse; positive =
   warned before it;
 - detection delay: steps from the labelled collapse to the first `lld_collapse` finding (<= 0: before);
@@ -25,7 +28,7 @@ up at run time (any kind the detector has, today's or a new one):
    least `WARNING_LEAD` (20) steps before its labelled collapse; only runs labelled at step >=
    `COUNTABLE_FROM` (30) count, so that the warning is due after at least `WARNING_HISTORY` (10) steps of
    the run (a run labelled at 21 would need it at step 1, from one point), and the check says how many could;
-3. no critical finding on any control.
+3. no critical finding on any control (a run labelled neither collapsing nor damaged).
 Pure apart from reading log files through `monitor.importers` (`labelled_runs`, `real_runs`).
 """
 
@@ -52,7 +55,14 @@ from monitor.detector import (
     OfflineResult,
     detect_offline,
 )
-from monitor.detector.labels import collapse_step
+from monitor.detector.labels import (
+    COLLAPSE,
+    DAMAGE_STEPS,
+    DAMAGED,
+    HEALTHY,
+    collapse_step,
+    longest_shortfall,
+)
 from monitor.detector.scenarios import Scenario
 from monitor.importers import LogImportError, ParsedLog, load_log
 from monitor.run_labels import DEFAULT_LABELS, LabelsError, RunLabel, read_labels
@@ -99,6 +109,14 @@ def critical_deadline(label: int) -> int:
     return EARLY_DEADLINE if label <= EARLY_LABEL else label + CRITICAL_WITHIN
 
 
+def is_damaged(collapses: bool, steps: npt.ArrayLike, series: npt.ArrayLike | None) -> bool:
+    """The damaged label (`monitor.detector.labels`) of a run that does not collapse, on its label series
+    (`series`: its reward, or the task success a shaped reward is labelled on; None: not logged)."""
+    if collapses or series is None:
+        return False
+    return longest_shortfall(steps, series)[1] >= DAMAGE_STEPS
+
+
 def has_hook_metrics(
     values: Mapping[str, npt.NDArray[np.float64]], present: Mapping[str, npt.NDArray[np.bool_]] | None
 ) -> bool:
@@ -119,7 +137,8 @@ class LabelledRun:
     steps: npt.NDArray[np.int64]
     values: Mapping[str, npt.NDArray[np.float64]]
     collapses: bool
-    """Ground truth: does this run collapse? Controls (False) are scored for false alarms."""
+    """Ground truth: does this run collapse? Controls (False and not `damaged`) are scored for false
+    alarms."""
     present: Mapping[str, npt.NDArray[np.bool_]] | None = None
     collapse_step: int | None = None
     """Labelled collapse step; computed from `reward/mean` with `labels.collapse_step` when None and
@@ -136,6 +155,14 @@ class LabelledRun:
     """The size of one unit of the declared reward series in the units the declarations default to (a
     success rate's): the detector's `reward_floor_min_rise` is scaled by it with a declared floor, as a
     user whose reward is in other units declares it."""
+    damaged: bool = False
+    """Ground truth: not a collapse but not healthy either (`is_damaged`), fixed when the run is labelled
+    (judging it in other units or without its declarations does not relabel it)."""
+
+    @property
+    def control(self) -> bool:
+        """A healthy run: neither collapsing nor damaged (target 3 applies)."""
+        return not self.collapses and not self.damaged
 
     @classmethod
     def from_scenario(cls, scenario: Scenario) -> LabelledRun:
@@ -150,6 +177,7 @@ class LabelledRun:
             collapse_step=scenario.collapse_step,
             source=SOURCE_GENERATED,
             reward_floor=0.0,  # the scenarios' reward is a success rate
+            damaged=is_damaged(scenario.collapses, scenario.steps, scenario.values.get(M.REWARD_MEAN)),
         )
 
     @classmethod
@@ -169,6 +197,7 @@ class LabelledRun:
             present=log.present,
             collapses=collapses,
             source=source,
+            damaged=is_damaged(collapses, log.steps, log.values.get(M.REWARD_MEAN)),
         )
 
 
@@ -204,6 +233,17 @@ class RunReport:
     first_warning_kind: str | None = None
     has_hooks: bool = False
     """The run has hook likelihood metrics (`lld/*` columns)."""
+    damaged: bool = False
+    """Labelled damaged (`LabelledRun.damaged`): neither a collapse nor a control."""
+
+    @property
+    def control(self) -> bool:
+        return not self.collapses and not self.damaged
+
+    @property
+    def label(self) -> str:
+        """The three-way label: collapse, damaged or healthy (`monitor.detector.labels`)."""
+        return COLLAPSE if self.collapses else DAMAGED if self.damaged else HEALTHY
 
     @property
     def deadline(self) -> int | None:
@@ -254,7 +294,7 @@ class RunReport:
     @property
     def false_alarm(self) -> bool:
         """A control run with a critical finding (target 3)."""
-        return not self.collapses and bool(self.critical_kinds)
+        return self.control and bool(self.critical_kinds)
 
 
 @dataclass(frozen=True)
@@ -304,6 +344,10 @@ class SourceSummary:
     """Target 2: of those, the ones labelled at step >= `COUNTABLE_FROM`."""
     warned_early: int = 0
     """Target 2: of the countable ones, those warned >= `WARNING_LEAD` steps before the label."""
+    damaged: int = 0
+    """Runs labelled damaged (neither collapsing nor controls)."""
+    damaged_with_critical: int = 0
+    """Of those, the ones with a critical finding (neither owed nor a false alarm)."""
 
 
 @dataclass(frozen=True)
@@ -377,6 +421,7 @@ def score_run(run: LabelledRun, result: OfflineResult) -> RunReport:
         first_warning=warning_spans[0][0] if warning_spans else None,
         first_warning_kind=warning_spans[0][1] if warning_spans else None,
         has_hooks=has_hook_metrics(run.values, run.present),
+        damaged=run.damaged,
     )
 
 
@@ -384,7 +429,7 @@ def summarise(group: str, reports: Sequence[RunReport]) -> GroupSummary:
     collapsing = [r for r in reports if r.collapses]
     leads = [r.lead_time for r in collapsing if r.lead_time is not None]
     delays = [r.detection_delay for r in collapsing if r.detection_delay is not None]
-    controls = [r for r in reports if not r.collapses]
+    controls = [r for r in reports if r.control]
     return GroupSummary(
         group=group,
         runs=len(reports),
@@ -405,7 +450,7 @@ def summarise_source(source: str, reports: Sequence[RunReport]) -> SourceSummary
     collapsing = [r for r in reports if r.collapses]
     leads = [r.lead_time for r in collapsing if r.lead_time is not None]
     delays = [r.detection_delay for r in collapsing if r.detection_delay is not None]
-    controls = [r for r in reports if not r.collapses]
+    controls = [r for r in reports if r.control]
     return SourceSummary(
         source=source,
         runs=len(reports),
@@ -425,6 +470,8 @@ def summarise_source(source: str, reports: Sequence[RunReport]) -> SourceSummary
         hooked_collapsing=sum(r.has_hooks for r in collapsing),
         early_countable=sum(r.early_countable for r in collapsing),
         warned_early=sum(r.warned_early for r in collapsing),
+        damaged=sum(r.damaged for r in reports),
+        damaged_with_critical=sum(r.damaged and bool(r.critical_kinds) for r in reports),
     )
 
 
@@ -488,7 +535,7 @@ def check_targets(reports: Sequence[RunReport], source: str = "all") -> list[Tar
                 ),
             )
         )
-    controls = [r for r in reports if not r.collapses]
+    controls = [r for r in reports if r.control]
     if controls:
         bad = [r for r in controls if r.false_alarm]
         checks.append(
@@ -575,6 +622,7 @@ def render(report: EvaluationReport, per_run: bool = True) -> str:
                 "group",
                 "steps",
                 "mode",
+                "label",
                 "crash",
                 "alert",
                 "collapse",
@@ -593,6 +641,7 @@ def render(report: EvaluationReport, per_run: bool = True) -> str:
                     r.group,
                     r.n_steps,
                     "degraded" if r.degraded else "hooks",
+                    r.label,
                     r.collapse_step,
                     r.first_alert,
                     r.first_collapse,
@@ -632,6 +681,7 @@ def render(report: EvaluationReport, per_run: bool = True) -> str:
             "controls",
             "false alarms",
             "decay warn (controls)",
+            "damaged (critical)",
         ],
         [
             [
@@ -651,6 +701,7 @@ def render(report: EvaluationReport, per_run: bool = True) -> str:
                 s.controls,
                 s.false_alarms,
                 s.decay_warnings_on_controls,
+                f"{s.damaged} ({s.damaged_with_critical})",
             ]
             for s in report.sources
         ],
@@ -702,6 +753,16 @@ def render(report: EvaluationReport, per_run: bool = True) -> str:
         if t.offending:
             lines.append(f"[{t.source}] {t.name}: missed by")
             lines += [f"  {run}" for run in t.offending]
+    damaged = [r for r in report.runs if r.damaged]
+    if damaged:
+        lines.append(
+            f"damaged runs (neither collapses nor controls: below half their peak for >= {DAMAGE_STEPS} steps; "
+            "not scored):"
+        )
+        lines += [
+            f"  [{r.source}] {r.name} (first critical {_at(r.first_critical, r.first_critical_kind)})"
+            for r in damaged
+        ]
     return "\n".join(lines)
 
 

@@ -20,7 +20,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from monitor.detector.labels import collapse_step, trailing_means
+from monitor.detector.labels import (
+    COLLAPSE,
+    DAMAGED,
+    HEALTHY,
+    collapse_step,
+    longest_shortfall,
+    outcome,
+    trailing_means,
+)
 from monitor.lab.grid import (
     PRESETS,
     REWARD_DESIGNS,
@@ -159,6 +167,41 @@ def test_sparse_logging_every_fourth_step() -> None:
     rewards = [0.4 if s < 150 else 0.0 for s in steps]
     # last good step 149; the window (151, 161] is the first with no good point left
     assert collapse_step(steps, rewards) == 161
+
+
+def naive_longest_shortfall(
+    steps: Sequence[int], rewards: Sequence[float], fraction: float, window: int = 10, min_peak: float = 0.05
+) -> tuple[int | None, int]:
+    """Every stretch of consecutive points below fraction * running peak, read literally; the longest."""
+    s, m = trailing_means(steps, rewards, window)
+    below = [m[i] < fraction * max(m[: i + 1]) and max(m[: i + 1]) >= min_peak for i in range(len(s))]
+    best: tuple[int | None, int] = (None, 0)
+    for i in range(len(s)):
+        for j in range(i, len(s)):
+            if not all(below[i : j + 1]):
+                break
+            if s[j] - s[i] + 1 > best[1]:
+                best = (s[i], s[j] - s[i] + 1)
+    return best
+
+
+@settings(max_examples=300, deadline=None)
+@given(reward_series(), st.sampled_from([0.2, 0.5, 0.8]), st.integers(1, 12))
+def test_shortfall_matches_the_naive_loop(
+    series: tuple[list[int], list[float]], fraction: float, window: int
+) -> None:
+    steps, rewards = series
+    expected = naive_longest_shortfall(steps, rewards, fraction, window)
+    assert longest_shortfall(steps, rewards, fraction=fraction, window=window) == expected
+
+
+def test_outcome_three_ways() -> None:
+    assert outcome(_steps(100), [0.3] * 30 + [0.0] * 70) == COLLAPSE
+    # half of its success lost for 40 steps, then back: damaged, not healthy and not a collapse
+    assert outcome(_steps(100), [0.3] * 20 + [0.1] * 40 + [0.3] * 40) == DAMAGED
+    assert outcome(_steps(100), [0.3] * 20 + [0.1] * 15 + [0.3] * 65) == HEALTHY  # a dip of 15 + lag
+    assert outcome(_steps(100), [0.04] * 20 + [0.0] * 80) == HEALTHY  # a peak below 0.05: nothing lost
+    assert outcome([], []) == HEALTHY
 
 
 def test_label_input_errors() -> None:

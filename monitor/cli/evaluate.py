@@ -146,7 +146,7 @@ def evaluate_detector(
     if harder:
         from monitor.eval_harder import budgets, judge, render_budgets
 
-        healthy = [r for r in runs if not r.collapses]
+        healthy = [r for r in runs if r.control]
         with console.status(f"replaying {len(healthy)} controls 6 ways"):
             judged = [judge(r, scale_free=scale_free) for r in healthy]
         typer.echo("\n" + render_budgets(budgets(healthy, judged)))

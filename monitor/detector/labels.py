@@ -19,6 +19,14 @@ A dip that recovers above 20 % of the peak (noisy recovery) is not a collapse; a
 the end is, at its own first step. A run that ends fewer than `min_after` steps after the dip began is
 not labelled (too short to tell). None: no collapse.
 
+A run that does not collapse is not thereby healthy. The second rule (`damaged`): the trailing mean stayed
+below `DAMAGE_FRACTION` (half) of its running peak (a peak >= `min_peak`) for at least `DAMAGE_STEPS`
+consecutive steps (three trailing-mean windows). Such a run lost half of what it could do for longer than
+a noisy dip lasts, and whether it then crawled back above 20 % of its peak is what separates it from a
+collapse in hindsight; online, at the drop, the two look alike and an alert is due. A damaged run is
+neither a collapse (no critical finding is owed) nor a control (a critical finding on it is not a false
+alarm). `outcome` gives the three-way label.
+
 Pure (no I/O).
 """
 
@@ -31,13 +39,21 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "COLLAPSE",
     "COLLAPSE_FRACTION",
+    "DAMAGED",
+    "DAMAGE_FRACTION",
+    "DAMAGE_RULE_TEXT",
+    "DAMAGE_STEPS",
+    "HEALTHY",
     "MIN_AFTER",
     "MIN_PEAK",
     "RULE",
     "RULE_TEXT",
     "WINDOW",
     "collapse_step",
+    "longest_shortfall",
+    "outcome",
     "trailing_means",
 ]
 
@@ -57,6 +73,23 @@ RULE_TEXT: Final = (
     f"below {COLLAPSE_FRACTION:.0%} of its running peak until the end of the run, if that peak was "
     f">= {MIN_PEAK} and the run lasted >= {MIN_AFTER} steps past it (monitor/detector/labels.py)"
 )
+
+
+DAMAGE_FRACTION: Final = 0.5
+"""Damaged: the trailing mean below this fraction of its running peak for `DAMAGE_STEPS` steps."""
+DAMAGE_STEPS: Final = 3 * WINDOW
+"""Consecutive steps below `DAMAGE_FRACTION` of the peak that make a run damaged: three trailing-mean
+windows, longer than the noisy dips of the healthy runs measured (the longest on the 15 third-party
+controls spans 24 steps, on the generated controls 14)."""
+DAMAGE_RULE_TEXT: Final = (
+    f"damaged (not a collapse, not a control): the reward's {WINDOW}-step trailing mean stayed below "
+    f"{DAMAGE_FRACTION:.0%} of its running peak (>= {MIN_PEAK}) for >= {DAMAGE_STEPS} consecutive steps "
+    "(monitor/detector/labels.py)"
+)
+
+COLLAPSE: Final = "collapse"
+DAMAGED: Final = "damaged"
+HEALTHY: Final = "healthy"
 
 
 def _clean(steps: npt.ArrayLike, rewards: npt.ArrayLike) -> tuple[list[int], list[float]]:
@@ -131,3 +164,39 @@ def collapse_step(
         if peaks[i] >= min_peak:  # the peak is constant along the suffix unless rewards are negative
             return s[i]
     return None
+
+
+def longest_shortfall(
+    steps: npt.ArrayLike,
+    rewards: npt.ArrayLike,
+    *,
+    fraction: float = DAMAGE_FRACTION,
+    window: int = WINDOW,
+    min_peak: float = MIN_PEAK,
+) -> tuple[int | None, int]:
+    """(first step, steps spanned) of the longest run of consecutive logged points whose trailing mean is
+    below `fraction` of its running peak (a peak >= `min_peak`); (None, 0) when there is none. A stretch
+    of one point spans one step.
+
+    steps: (n,) logged steps; rewards: (n,) rewards at those steps (NaN/inf ignored)."""
+    s, means = trailing_means(steps, rewards, window)
+    best_start: int | None = None
+    best = 0
+    start: int | None = None
+    peak = -math.inf
+    for step, m in zip(s, means, strict=True):
+        peak = max(peak, m)
+        if peak >= min_peak and m < fraction * peak:
+            start = step if start is None else start
+            if step - start + 1 > best:
+                best_start, best = start, step - start + 1
+        else:
+            start = None
+    return best_start, best
+
+
+def outcome(steps: npt.ArrayLike, rewards: npt.ArrayLike) -> str:
+    """`COLLAPSE`, `DAMAGED` or `HEALTHY` by the two rules (module docstring)."""
+    if collapse_step(steps, rewards) is not None:
+        return COLLAPSE
+    return DAMAGED if longest_shortfall(steps, rewards)[1] >= DAMAGE_STEPS else HEALTHY

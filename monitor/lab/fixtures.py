@@ -48,7 +48,7 @@ import numpy as np
 
 from contracts import metrics as M
 from monitor.detector.labels import RULE, collapse_step
-from monitor.evaluation import SOURCE_LAB, LabelledRun
+from monitor.evaluation import SOURCE_LAB, LabelledRun, is_damaged
 from monitor.importers.lab_fixture import FORMAT, SUFFIX, FixtureError, read_lab_run, step_line
 from monitor.lab.grid import REWARD_FLOORS
 from monitor.lab.results import FINISHED, TASK_SUCCESS, analyse, label_metric, read_records
@@ -98,6 +98,8 @@ class RecordedRun:
                     mask[i] = True
             values[name] = col
             present[name] = mask
+        declared = _declared_reward(label.get("series"), settings)
+        series = values.get(str(label.get("series") or M.REWARD_MEAN))
         return LabelledRun(
             name=str(self.header["name"]),
             group=str(self.header.get("group") or self.header["name"]),
@@ -107,7 +109,8 @@ class RecordedRun:
             collapses=bool(label["collapses"]),
             collapse_step=label["collapse_step"],
             source=str(self.header.get("source", SOURCE_LAB)),
-            **_declared_reward(label.get("series"), settings),
+            damaged=is_damaged(bool(label["collapses"]), steps, series),
+            **declared,
         )
 
 

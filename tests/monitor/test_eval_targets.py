@@ -29,6 +29,7 @@ from monitor.evaluation import (
     report_of,
     score_run,
 )
+from monitor.importers import ParsedLog
 
 CRITICAL = next(kind for kind, severity in SEVERITY.items() if severity == "critical")
 WARNING = next(kind for kind, severity in SEVERITY.items() if severity == "warning")
@@ -160,6 +161,42 @@ def test_target_3_no_critical_finding_on_controls() -> None:
     (check,) = check_targets([quiet, noisy])
     assert check.name == TARGET_CONTROLS and check.value == "1/2" and not check.met
     assert check.offending == (f"noisy (first critical 40 ({CRITICAL}); {CRITICAL})",)
+
+
+def test_a_damaged_run_is_neither_a_collapse_nor_a_control() -> None:
+    """A run whose success fell below half its peak for 30+ steps and crawled back above the collapse
+    line: a critical finding on it is no false alarm, and none is owed; the report counts it apart."""
+    n = 100
+    success = np.r_[np.full(20, 0.3), np.full(40, 0.1), np.full(40, 0.3)]  # half of its peak for 40 steps
+    assert evaluation.is_damaged(False, np.arange(n), success)
+    assert not evaluation.is_damaged(True, np.arange(n), success)  # a collapse stays a collapse
+    brief = np.r_[np.full(20, 0.3), np.full(15, 0.1), np.full(65, 0.3)]  # a dip shorter than 30 steps
+    assert not evaluation.is_damaged(False, np.arange(n), brief)
+    damaged = LabelledRun.from_log(
+        "damaged",
+        ParsedLog(
+            steps=np.arange(n, dtype=np.int64),
+            values={M.REWARD_MEAN: success},
+            present={M.REWARD_MEAN: np.ones(n, dtype=np.bool_)},
+        ),
+    )
+    assert damaged.damaged and not damaged.control and not damaged.collapses
+    paged = scored(damaged, (CRITICAL, 30))
+    assert paged.label == "damaged" and not paged.false_alarm and paged.deadline is None
+    quiet = scored(run("quiet"))
+    assert quiet.label == "healthy" and quiet.control
+    (check,) = check_targets([paged, quiet])
+    assert check.name == TARGET_CONTROLS and check.value == "0/1" and check.met
+    report = report_of([paged, quiet])
+    (summary,) = report.sources
+    assert (summary.controls, summary.damaged, summary.damaged_with_critical, summary.false_alarms) == (
+        1,
+        1,
+        1,
+        0,
+    )
+    text = render(report, per_run=False)
+    assert f"damaged (first critical 30 ({CRITICAL}))" in text
 
 
 def test_severity_comes_from_severity_at_run_time(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from contracts import metrics as M
 from monitor.cli import app
-from monitor.detector.labels import RULE, collapse_step
+from monitor.detector.labels import DAMAGED, RULE, collapse_step, outcome
 from monitor.evaluation import SOURCE_LAB, evaluate, render
 from monitor.lab.fixtures import (
     FORMAT,
@@ -214,6 +214,7 @@ def test_committed_fixtures_are_labelled_by_the_one_rule() -> None:
     paths = _committed()
     assert paths, f"no fixtures in {COMMITTED}"
     assert sum(p.stat().st_size for p in paths) < 5 * 2**20  # "a few MB in all"
+    labelled = {r.name: r for r in load_fixtures(COMMITTED)}
     for path in paths:
         run = read_fixture(path)
         h = run.header
@@ -228,6 +229,8 @@ def test_committed_fixtures_are_labelled_by_the_one_rule() -> None:
         assert (design != "exact") == (f"--reward-design {design}" in h["command"]), path.name
         steps, values = run.series(series)
         assert len(steps) >= 10 and collapse_step(steps, values) == h["label"]["collapse_step"]
+        # the three-way label on the same series: a damaged run is not scored as a control
+        assert labelled[h["name"]].damaged == (outcome(steps, values) == DAMAGED), path.name
 
 
 def test_committed_fixtures_are_scored_as_the_lab_source() -> None:
@@ -237,11 +240,13 @@ def test_committed_fixtures_are_scored_as_the_lab_source() -> None:
     report = evaluate(runs)
     (lab,) = report.sources
     collapsing = sum(r.collapses for r in runs)
-    assert (lab.source, lab.runs, lab.collapsing, lab.controls) == (
+    damaged = sum(r.damaged for r in runs)
+    assert (lab.source, lab.runs, lab.collapsing, lab.controls, lab.damaged) == (
         "lab",
         len(runs),
         collapsing,
-        len(runs) - collapsing,
+        len(runs) - collapsing - damaged,
+        damaged,
     )
     assert (
         0
