@@ -7,6 +7,7 @@ COPY pyproject.toml README.md ./
 COPY contracts contracts
 COPY lldmon_client lldmon_client
 COPY monitor monitor
+COPY lldmon_lab lldmon_lab
 COPY dashboard dashboard
 COPY trainer_hooks trainer_hooks
 COPY migrations migrations

@@ -22,7 +22,7 @@ import orjson
 
 from contracts import metrics as M
 from contracts.wire import encode_float
-from monitor.detector.scenarios import collapse_scenario, healthy_scenario
+from lldmon_lab.scenarios import collapse_scenario, healthy_scenario
 
 # Canonical metrics the scenarios do not generate: the LLDS state a trainer reports (off) and the
 # metrics without a scenario shape, as slow AR-free noise around a plausible level.

@@ -58,10 +58,10 @@ from dashboard.callbacks.run_panels import load_panel, load_panels, refresh_pane
 from dashboard.callbacks.run_summary import run_summary
 from dashboard.callbacks.runs_list import runs_table
 from dashboard.panels import COMPARE_DEFAULT_METRICS, PANELS
+from lldmon_lab.scenarios import collapse_scenario, healthy_scenario
 from monitor.api.app import build_state
 from monitor.api.state import AppState
 from monitor.config import Settings
-from monitor.detector.scenarios import collapse_scenario, healthy_scenario
 from monitor.domain import ActionColumns, MetricsColumns, Principal
 
 try:

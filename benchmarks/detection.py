@@ -1,11 +1,11 @@
 """Detection quality and cost of `monitor.detector` on generated scenarios, recorded lab runs and the
 real logs, scored per source.
 
-Runs the evaluation harness (`monitor.evaluation`) on `--collapse` generated collapse runs and
+Runs the evaluation harness (`lldmon_lab.evaluation`) on `--collapse` generated collapse runs and
 `--controls` healthy + `--controls` noisy-stagnant runs, each with and without the hook metrics, the
-recorded collapse-lab runs in tests/fixtures/lab (`monitor.lab.fixtures`), and the real third-party
+recorded collapse-lab runs in tests/fixtures/lab (`lldmon_lab.lab.fixtures`), and the real third-party
 logs in ../shared/datasets/real_runs with their labels (`--labels`, default the packaged
-monitor/eval_labels/real_runs.toml; skipped with a message if that folder is absent); prints the
+lldmon_lab/eval_labels/real_runs.toml; skipped with a message if that folder is absent); prints the
 per-run, per-source and per-group tables, the targets per source (critical finding in time, early warning,
 no critical finding on controls) and the runs that miss them. Then measures the detector's cost:
 the median (and p95) time of one `update()` call that processes one new point with a window of
@@ -37,12 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from contracts import metrics as M
-from monitor.detector import DetectorConfig, DetectorState, SeriesWindow, update
-from monitor.detector.labels import collapse_step
-from monitor.detector.replay import thin
-from monitor.detector.scenarios import Scenario, collapse_scenario, healthy_scenario, scenario_suite
-from monitor.eval_harder import Budget, budgets, judge, render_budgets
-from monitor.evaluation import (
+from lldmon_lab.eval_harder import Budget, budgets, judge, render_budgets
+from lldmon_lab.evaluation import (
     SOURCE_LAB,
     EvaluationReport,
     LabelledRun,
@@ -53,8 +49,12 @@ from monitor.evaluation import (
     render,
     report_of,
 )
-from monitor.lab.fixtures import load_fixtures
-from monitor.run_labels import DEFAULT_LABELS
+from lldmon_lab.lab.fixtures import load_fixtures
+from lldmon_lab.labels import collapse_step
+from lldmon_lab.replay import thin
+from lldmon_lab.run_labels import DEFAULT_LABELS
+from lldmon_lab.scenarios import Scenario, collapse_scenario, healthy_scenario, scenario_suite
+from monitor.detector import DetectorConfig, DetectorState, SeriesWindow, update
 
 REAL_RUNS_DIR = Path(__file__).resolve().parents[1].parent / "shared/datasets/real_runs"
 LAB_FIXTURES_DIR = Path(__file__).resolve().parents[1] / "tests/fixtures/lab"
@@ -110,7 +110,7 @@ def run_evaluation(runs: list[LabelledRun], jobs: int, scale_free: bool = False)
 
 
 def run_budgets(runs: list[LabelledRun], jobs: int, scale_free: bool = False) -> list[Budget]:
-    """The false-critical budget of the controls (`monitor.eval_harder`)."""
+    """The false-critical budget of the controls (`lldmon_lab.eval_harder`)."""
     controls = [r for r in runs if r.control]
     one = functools.partial(judge, scale_free=scale_free)
     if jobs > 1:
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
         print("undeclared: every run judged on reward/mean without a declared reward series or floor")
     if args.thin > 1:
         runs = [_thinned(r, args.thin) for r in runs]
-        print(f"every run thinned to its last value per {args.thin}-step block (monitor/detector/replay.py)")
+        print(f"every run thinned to its last value per {args.thin}-step block (lldmon_lab/replay.py)")
     t0 = time.perf_counter()
     report = run_evaluation(runs, args.jobs, args.scale_free)
     elapsed = time.perf_counter() - t0

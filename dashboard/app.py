@@ -1,4 +1,4 @@
-"""`create_dash_app(state)`: the Dash app, reading through monitor's services on `Services`.
+"""`create_dash_app(state)`: the Dash app, reading through monitor's services on `DashboardPort`.
 
 `lldmon serve` mounts it under /dashboard on the API's port (see `dashboard.mount`): the mount strips
 the prefix (WSGI SCRIPT_NAME), so Flask routes at "/" while the browser requests `url_base_pathname`.
@@ -14,11 +14,11 @@ from dashboard.callbacks.base import DashContext
 from dashboard.layout import INDEX_STRING, shell
 from dashboard.pages import run as run_page
 from dashboard.pages import runs as runs_page
-from monitor.bootstrap import Services
+from monitor.ports import DashboardPort
 
 
 def create_dash_app(
-    state: Services,
+    state: DashboardPort,
     *,
     url_base_pathname: str = "/dashboard/",
     run_refresh_ms: int = run_page.REFRESH_MS,

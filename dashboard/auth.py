@@ -20,9 +20,9 @@ from urllib.parse import urlencode
 
 import flask
 
-from monitor.bootstrap import Services
 from monitor.domain import Principal, RunInfo
 from monitor.errors import Unauthorized
+from monitor.ports import DashboardPort
 
 TOKEN_COOKIE = "lldmon_token"
 CSRF_COOKIE = "_csrf_token"
@@ -44,7 +44,7 @@ def can_steer(principal: Principal, run: RunInfo) -> bool:
     return principal.unrestricted or principal.project_id == run.project_id
 
 
-def install_auth(server: flask.Flask, state: Services, cookie_path: str) -> None:
+def install_auth(server: flask.Flask, state: DashboardPort, cookie_path: str) -> None:
     """Authenticate every request of the dashboard's Flask server (see the module docstring)."""
 
     @server.before_request
@@ -89,7 +89,7 @@ def _csrf_ok() -> bool:
     return bool(expected) and sent is not None and secrets.compare_digest(expected or "", sent)
 
 
-def _accept_token(state: Services, token: str, cookie_path: str) -> Any:
+def _accept_token(state: DashboardPort, token: str, cookie_path: str) -> Any:
     try:
         state.auth.authenticate(f"Bearer {token}")
     except Unauthorized as exc:

@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from monitor.bootstrap import Services
-from monitor.domain import AlertInfo, DirectiveInfo, PhaseEventInfo, Principal, RunFilter, RunInfo, Series
+from monitor.domain import Principal, RunContext, RunFilter, RunInfo, Series
+from monitor.ports import DashboardPort
 
 RUNS_LIMIT = 500
 
 
 def series_map(
-    state: Services,
+    state: DashboardPort,
     principal: Principal,
     run_id: int,
     names: Sequence[str],
@@ -31,36 +31,19 @@ def series_map(
     return {s.name: s for s in series}
 
 
-@dataclass(frozen=True)
-class RunContext:
-    """A run with everything drawn on top of its series: phase events, alerts, directives."""
-
-    run: RunInfo
-    events: list[PhaseEventInfo]
-    alerts: list[AlertInfo]
-    directives: list[DirectiveInfo]
-    directive: DirectiveInfo
-
-    @property
-    def signature(self) -> str:
-        """Changes whenever a band, marker or marker hover would change."""
-        parts = [
-            ",".join(f"{e.id}" for e in self.events),
-            ",".join(f"{a.id}:{a.status}:{a.last_step}" for a in self.alerts),
-            ",".join(f"{d.version}:{d.applied_step}" for d in self.directives),  # acks show in the timeline
-        ]
-        return "|".join(parts)
+def signature(rc: RunContext) -> str:
+    """Changes whenever a band, marker or marker hover drawn from `rc` would change."""
+    parts = [
+        ",".join(f"{e.id}" for e in rc.phases),
+        ",".join(f"{a.id}:{a.status}:{a.last_step}" for a in rc.alerts),
+        ",".join(f"{d.version}:{d.applied_step}" for d in rc.directives),  # acks show in the timeline
+    ]
+    return "|".join(parts)
 
 
-def run_context(state: Services, principal: Principal, run_id: int) -> RunContext:
-    run = state.runs.get(principal, run_id)
-    return RunContext(
-        run=run,
-        events=state.query.phase_events(principal, run_id),
-        alerts=state.alerts.list(principal, run_id),
-        directives=state.directives.history(principal, run_id),
-        directive=state.directives.current(principal, run_id),
-    )
+def run_context(state: DashboardPort, principal: Principal, run_id: int) -> RunContext:
+    """The run and what is drawn over its series, in one read (`QueryService.context`)."""
+    return state.query.context(principal, run_id)
 
 
 @dataclass(frozen=True)
@@ -70,7 +53,7 @@ class RunRow:
 
 
 def list_runs(
-    state: Services,
+    state: DashboardPort,
     principal: Principal,
     *,
     project: str | None = None,
@@ -96,17 +79,19 @@ def list_runs(
     return [RunRow(run=r, open_alerts=counts[r.id]) for r in runs]
 
 
-def runs_named(state: Services, principal: Principal, name: str, project: str | None = None) -> list[RunInfo]:
+def runs_named(
+    state: DashboardPort, principal: Principal, name: str, project: str | None = None
+) -> list[RunInfo]:
     """The runs the principal may see with exactly this name (one per project at most), optionally of
     one project."""
     return state.runs.list(principal, RunFilter(project=project, name=name, limit=RUNS_LIMIT))
 
 
-def projects(state: Services, principal: Principal) -> list[str]:
+def projects(state: DashboardPort, principal: Principal) -> list[str]:
     return sorted({r.project for r in state.runs.list(principal, RunFilter(limit=RUNS_LIMIT))})
 
 
-def run_options(state: Services, principal: Principal) -> list[dict[str, object]]:
+def run_options(state: DashboardPort, principal: Principal) -> list[dict[str, object]]:
     """Dropdown options for picking runs: "project / name (#id)"."""
     runs = state.runs.list(principal, RunFilter(limit=RUNS_LIMIT))
     return [{"label": f"{r.project} / {r.name} (#{r.id})", "value": r.id} for r in runs]

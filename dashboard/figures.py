@@ -436,19 +436,21 @@ def _figure(data: list[dict[str, Any]], layout: dict[str, Any]) -> Figure:
 def panel_figure(
     panel: Panel,
     series: Mapping[str, Series],
-    bands: Sequence[Band] = (),
-    markers: Sequence[Marker] = (),
+    shapes: Sequence[dict[str, Any]] = (),
+    markers: dict[str, Any] | None = None,
     *,
     uirevision: Any = None,
 ) -> Figure:
-    """One run-page panel: a line per metric of the panel that has data, phase bands, event markers."""
+    """One run-page panel: a line per metric of the panel that has data, the phase bands' `shapes`
+    (`band_shapes`) and the event markers' trace (`marker_trace`; None: no markers). Bands and markers
+    come drawn because every panel of a page shares them."""
     present = present_metrics(panel, series)
     traces = [
         line_trace(esc(name), series[name], SERIES_COLORS[panel.metrics.index(name) % len(SERIES_COLORS)])
         for name in present
     ]
     extent = log_range(v for name in present for v in series[name].values) if panel.log_y else None
-    traces.append(marker_trace(markers))
+    traces.append(marker_trace(()) if markers is None else markers)
     return _figure(
         traces,
         {
@@ -459,7 +461,7 @@ def panel_figure(
             "xaxis": {"gridcolor": "#eef0f3", "zeroline": False},
             "yaxis": _y_axis(panel.log_y, extent, title={"text": panel.y_title}),
             "yaxis2": {"overlaying": "y", "range": [0, 1], "visible": False, "fixedrange": True},
-            "shapes": band_shapes(bands),
+            "shapes": list(shapes),
             "annotations": missing_annotations(panel, present),
             "uirevision": uirevision,
             "meta": {"panel": panel.key, "metrics": present},

@@ -12,11 +12,13 @@ from __future__ import annotations
 import math
 from typing import Final
 
+from pydantic import TypeAdapter, ValidationError
+
+from contracts.directive import DEFAULT_LLDS_LAMBDA, directive_problem
 from contracts.metrics import MAX_METRIC_NAME_LENGTH
-from contracts.wire import ACTION_SOURCES
-from monitor.domain import MAX_BIGINT
+from contracts.wire import ACTION_SOURCES, DIRECTIVE_POLICIES
+from monitor.domain import MAX_BIGINT, MAX_RUN_ID
 from monitor.errors import InvalidInput
-from monitor.services.runs import MAX_RUN_ID
 from monitor.surrogates import is_valid_text
 
 __all__ = [
@@ -28,6 +30,8 @@ __all__ = [
     "action_source",
     "action_step",
     "action_window",
+    "directive_policy",
+    "llds_lambda",
     "metric_name",
     "metric_names",
     "run_id",
@@ -103,6 +107,32 @@ def action_source(value: object) -> str | None:
     if isinstance(value, str) and value in ACTION_SOURCES:
         return value
     raise InvalidInput(f"source must be one of {['all', *ACTION_SOURCES]}", field="source")
+
+
+_NUMBER: Final = TypeAdapter(float)
+"""A number as the API's request bodies read one (lax: "0.3" is 0.3), bounds checked separately."""
+
+
+def llds_lambda(value: object) -> float:
+    """The lambda box: empty means the default lambda; otherwise a number within the bounds every
+    entry point applies (`contracts.directive.directive_problem`)."""
+    if value is None or value == "":
+        return DEFAULT_LLDS_LAMBDA
+    try:
+        lam = _NUMBER.validate_python(value)
+    except ValidationError:
+        raise InvalidInput(f"llds.lam: lambda must be a number, not {value!r}", field="llds.lam") from None
+    problem = directive_problem(llds_lambda=lam)
+    if problem is not None:
+        raise InvalidInput(f"llds.{problem[0]}: {problem[1]}", field=f"llds.{problem[0]}")
+    return lam
+
+
+def directive_policy(value: object) -> str:
+    """The policy picker: one of `contracts.wire.DIRECTIVE_POLICIES`."""
+    if isinstance(value, str) and value in DIRECTIVE_POLICIES:
+        return value
+    raise InvalidInput(f"policy: must be one of {list(DIRECTIVE_POLICIES)}, not {value!r}", field="policy")
 
 
 def _usable(value: str, max_length: int) -> bool:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from monitor.bootstrap import Services
+    from monitor.ports import DashboardPort
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
@@ -23,7 +23,7 @@ URL_PREFIX = "/dashboard"
 class LazyDashboard:
     """A WSGI app that builds `create_dash_app(state)` once, on its first request (thread-safe)."""
 
-    def __init__(self, state: Services, url_base_pathname: str = URL_PREFIX + "/") -> None:
+    def __init__(self, state: DashboardPort, url_base_pathname: str = URL_PREFIX + "/") -> None:
         self.state = state
         self.url_base_pathname = url_base_pathname
         self._app: WSGIApp | None = None
@@ -42,11 +42,11 @@ class LazyDashboard:
         return self.wsgi()(environ, start_response)
 
 
-def dashboard_wsgi(state: Services) -> LazyDashboard:
+def dashboard_wsgi(state: DashboardPort) -> LazyDashboard:
     return LazyDashboard(state)
 
 
-def mount(app: FastAPI, state: Services) -> str:
+def mount(app: FastAPI, state: DashboardPort) -> str:
     """The `lldmon.mounts` entry point: serve the dashboard under /dashboard of the API's port.
 
     `monitor` finds this through the entry point instead of importing `dashboard` (the service

@@ -243,7 +243,7 @@ REWARD_DESIGNS = ("exact", "composite", "penalty", "centred", "success")
 """What GRPO optimises. Every design keeps `exact_match` among TRL's reward functions (weight 0 where it is
 not part of the optimised reward), so TRL logs the task success as `rewards/exact_match/mean` at every
 rollout whatever the design: a collapse of the task can then be labelled even when the optimised reward
-is centred or shaped. The lab labels non-`exact` runs on that series (`monitor.lab.fixtures`)."""
+is centred or shaped. The lab labels non-`exact` runs on that series (`lldmon_lab.lab.fixtures`)."""
 
 TASK_SUCCESS_REWARD = "exact_match"
 """Name of the reward function that is the task's success (TRL logs `rewards/<name>/mean`)."""

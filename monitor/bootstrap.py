@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import httpx
 from prometheus_client import CollectorRegistry
@@ -31,6 +32,9 @@ from monitor.store import Database
 from monitor.store import alerts as alert_store
 from monitor.store import runs as run_store
 from monitor.telemetry import ServiceMetrics, Snapshot
+
+if TYPE_CHECKING:
+    from monitor.ports import DashboardPort, ServicePort
 
 log = logging.getLogger("lldmon")
 
@@ -149,3 +153,12 @@ def assemble_services(
         retention=RetentionService(db, runs),
         dispatcher=dispatcher,
     )
+
+
+if TYPE_CHECKING:  # mypy holds the local services to the ports the commands and the dashboard use
+
+    def _command_port(services: Services) -> ServicePort:
+        return services
+
+    def _dashboard_port(services: Services) -> DashboardPort:
+        return services

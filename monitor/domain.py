@@ -11,6 +11,8 @@ from contracts.directive import DEFAULT_LLDS_LAMBDA
 MAX_BIGINT: Final = 2**63 - 1
 """Largest value of a BIGINT column (steps, alert ids) and of SQLite's INTEGER: every id or step the
 service takes is bounded by it, so an overflow is a clear refusal, never a driver error."""
+MAX_RUN_ID: Final = 2**31 - 1
+"""The largest run id (the runs table's INTEGER key): a larger id names no run."""
 
 
 @dataclass(frozen=True)
@@ -282,6 +284,18 @@ class MetricLast(MetricSummary):
     """A metric's extent plus its value at `last_step` (NaN for a logged NaN)."""
 
     last_value: float = float("nan")
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """A run with everything drawn on top of its series (phase events, alerts, directives), read in one
+    transaction so the parts agree."""
+
+    run: RunInfo
+    phases: list[PhaseEventInfo]
+    alerts: list[AlertInfo]
+    directives: list[DirectiveInfo]
+    directive: DirectiveInfo
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ HEADER = ["where", "rule", "modules"]
 REPO_ROOTS = (
     "contracts",
     "lldmon_client",
+    "lldmon_lab",
     "trainer_hooks",
     "monitor",
     "dashboard",

@@ -26,7 +26,8 @@ FORBIDDEN = {
         "starlette",
         "psycopg",
     },
-    "monitor": {"torch", "trainer_hooks", "dashboard", "transformers", "trl"},
+    "monitor": {"torch", "trainer_hooks", "dashboard", "transformers", "trl", "lldmon_lab"},
+    "lldmon_lab": {"torch", "trainer_hooks", "dashboard", "transformers", "trl"},
     "contracts": {
         "monitor",
         "trainer_hooks",
@@ -43,7 +44,7 @@ CLIENT_ALLOWED_PACKAGES = frozenset({"httpx", "contracts", "lldmon_client"})
 CLIENT_ALLOWED = {*CLIENT_ALLOWED_PACKAGES, *sys.stdlib_module_names}
 """lldmon_client ships into training images with trainer_hooks, and monitor's commands use it too: it
 sits below both, beside contracts."""
-CLIENT_USERS = ("trainer_hooks", "monitor")
+CLIENT_USERS = ("trainer_hooks", "monitor", "lldmon_lab")
 """The packages that talk to the service through lldmon_client (and must keep doing so: one client)."""
 
 
@@ -75,17 +76,18 @@ def test_lldmon_client_imports_only_httpx_contracts_and_the_standard_library() -
 
 
 @pytest.mark.parametrize("package", CLIENT_USERS)
-def test_trainer_hooks_and_monitor_may_import_lldmon_client(package: str) -> None:
+def test_the_client_users_may_import_lldmon_client(package: str) -> None:
     assert "lldmon_client" not in FORBIDDEN[package]
     assert any("lldmon_client" in imported_roots(path) for path in (ROOT / package).rglob("*.py"))
 
 
-SERVICE_NOT_LOADED = {"monitor.api.app, monitor.cli": ("torch",)}
-"""What importing the service (its HTTP app and its CLI) must not load."""
+SERVICE_NOT_LOADED = {"monitor.api.app, monitor.cli": ("torch", "lldmon_lab")}
+"""What importing the service (its HTTP app and its CLI) must not load: the CLI finds the lab's commands
+through entry points when it runs."""
 
 
 @pytest.mark.parametrize("modules", sorted(SERVICE_NOT_LOADED))
-def test_importing_the_service_does_not_load_torch(modules: str) -> None:
+def test_importing_the_service_does_not_load_torch_or_the_lab(modules: str) -> None:
     code = (
         f"import sys, {modules}\nbad = {set(SERVICE_NOT_LOADED[modules])!r} & set(sys.modules)\n"
         "assert not bad, f'{bad} loaded'"
@@ -114,6 +116,8 @@ def test_importing_a_client_package_does_not_load_the_server_stack(modules: str)
 
 
 LAYERS = {
+    # The detector is what the service runs; what labels, generates and scores runs is the lab's.
+    "monitor/detector": ("lldmon_lab",),
     # The store writes plain domain objects; the alert rules, the services and HTTP sit above it.
     "monitor/store": ("monitor.alerting", "monitor.services", "monitor.api", "monitor.bootstrap"),
     # HTTP adapts requests onto the services built by monitor.bootstrap: never SQL of its own.
@@ -126,16 +130,15 @@ LAYERS = {
         "monitor.services.directive_policy",
     ),
     "monitor/services/liveness.py": ("monitor.alerting", "monitor.store.alerts"),
-    # The dashboard reads through monitor's services (its query layer) or the HTTP API: no SQL of its own,
-    # and none of the HTTP layer's plumbing (its request schemas, for the directive form, are the last).
+    # The dashboard reads and writes through the service port (`monitor.ports`, satisfied by the
+    # services the app hands it): no SQL of its own, none of the HTTP layer, no service internals.
     "dashboard": (
         "monitor.store",
         "monitor.db",
         "sqlalchemy",
-        "monitor.api.app",
-        "monitor.api.state",
-        "monitor.api.params",
-        "monitor.api.routes",
+        "monitor.api",
+        "monitor.services",
+        "monitor.bootstrap",
     ),
 }
 

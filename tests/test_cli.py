@@ -123,7 +123,7 @@ def test_serve_refuses_outdated_postgres(tmp_path: Path) -> None:
 def test_eval_reports_targets() -> None:
     """The targets are printed; whether --check passes is the detector's business (tests/monitor/
     test_eval_targets.py checks the gate on hand-made results)."""
-    from monitor.evaluation import TARGET_CONTROLS, TARGET_CRITICAL, TARGET_EARLY
+    from lldmon_lab.evaluation import TARGET_CONTROLS, TARGET_CRITICAL, TARGET_EARLY
 
     result = runner.invoke(app, ["eval", "--collapse", "2", "--controls", "1"], env={"COLUMNS": "240"})
     assert result.exit_code == 0, result.output

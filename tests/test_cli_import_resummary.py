@@ -10,8 +10,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from lldmon_lab.scenarios import collapse_scenario
 from monitor.cli import app
-from monitor.detector.scenarios import collapse_scenario
 from tests.conftest import live_server_on
 from tests.monitor.importers.helpers import scenario_jsonl
 

@@ -11,8 +11,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from lldmon_lab.scenarios import collapse_scenario
 from monitor.cli import app
-from monitor.detector.scenarios import collapse_scenario
 from tests.monitor.importers.helpers import scenario_jsonl
 
 runner = CliRunner()

@@ -111,7 +111,7 @@ def test_demo_lands_real_training_and_detector_decisions(quick_demo: tuple[Path,
 
 def test_missing_examples_dir_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import monitor
-    from monitor.demo import DemoError, examples_script
+    from lldmon_lab.demo import DemoError, examples_script
 
     assert examples_script().name == "search_r1_grpo.py"
     monkeypatch.setattr(monitor, "__file__", str(tmp_path / "site-packages" / "monitor" / "__init__.py"))
@@ -120,7 +120,7 @@ def test_missing_examples_dir_is_a_clear_error(tmp_path: Path, monkeypatch: pyte
 
 
 def test_training_command(tmp_path: Path) -> None:
-    from monitor.demo import FULL_STEPS, DemoOptions, _training_command
+    from lldmon_lab.demo import FULL_STEPS, DemoOptions, _training_command
 
     script = tmp_path / "search_r1_grpo.py"
     quick = _training_command(script, DemoOptions(quick=True), "http://h:1", "run-a", tmp_path)

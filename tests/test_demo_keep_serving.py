@@ -192,23 +192,23 @@ def test_in_a_terminal_the_demo_keeps_serving_by_default(tmp_path: Path) -> None
 def test_keep_serving_option(
     monkeypatch: pytest.MonkeyPatch, flag: tuple[str, ...], expected: bool | None
 ) -> None:
-    import monitor.demo
+    import lldmon_lab.demo
     from monitor.cli import app
 
-    given: list[monitor.demo.DemoOptions] = []
+    given: list[lldmon_lab.demo.DemoOptions] = []
 
-    def fake_run_demo(options: monitor.demo.DemoOptions, console: object) -> int:
+    def fake_run_demo(options: lldmon_lab.demo.DemoOptions, console: object) -> int:
         given.append(options)
         return 0
 
-    monkeypatch.setattr(monitor.demo, "run_demo", fake_run_demo)
+    monkeypatch.setattr(lldmon_lab.demo, "run_demo", fake_run_demo)
     result = CliRunner().invoke(app, ["demo", "--no-train", *flag])
     assert result.exit_code == 0, result.output
     assert [o.keep_serving for o in given] == [expected]
 
 
 def test_interactive_needs_a_terminal_on_stdin_and_stdout(monkeypatch: pytest.MonkeyPatch) -> None:
-    from monitor.demo import interactive
+    from lldmon_lab.demo import interactive
 
     class Stream:
         def __init__(self, tty: bool) -> None:

@@ -265,8 +265,8 @@ def _total(setup: Any, completions: list[Any], answers: list[Any]) -> list[float
 
 
 def test_every_design_logs_exact_match(ex: ModuleType) -> None:
-    from monitor.lab.grid import REWARD_DESIGNS
-    from monitor.lab.results import TASK_SUCCESS
+    from lldmon_lab.lab.grid import REWARD_DESIGNS
+    from lldmon_lab.lab.results import TASK_SUCCESS
 
     assert tuple(ex.REWARD_DESIGNS) == REWARD_DESIGNS  # the lab's grid offers the script's designs
     assert f"rewards/{ex.TASK_SUCCESS_REWARD}/mean" == TASK_SUCCESS  # the name TRL logs it under

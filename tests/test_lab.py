@@ -20,16 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from monitor.detector.labels import (
-    COLLAPSE,
-    DAMAGED,
-    HEALTHY,
-    collapse_step,
-    longest_shortfall,
-    outcome,
-    trailing_means,
-)
-from monitor.lab.grid import (
+from lldmon_lab.lab.grid import (
     PRESETS,
     REWARD_DESIGNS,
     GridError,
@@ -40,13 +31,22 @@ from monitor.lab.grid import (
     parse_list,
     resolve_grid,
 )
-from monitor.lab.results import (
+from lldmon_lab.lab.results import (
     TASK_SUCCESS,
     analyse,
     group_stats,
     label_metric,
     render_markdown,
     summary_payload,
+)
+from lldmon_lab.labels import (
+    COLLAPSE,
+    DAMAGED,
+    HEALTHY,
+    collapse_step,
+    longest_shortfall,
+    outcome,
+    trailing_means,
 )
 
 # ----------------------------------------------------------------------------------------------
@@ -544,7 +544,7 @@ print("SUMMARY " + json.dumps({"status": "finished", "steps": args.steps}), flus
 def test_runner_with_a_fake_script(tmp_path: Path) -> None:
     from rich.console import Console
 
-    from monitor.lab.runner import LabError, LabOptions, run_lab
+    from lldmon_lab.lab.runner import LabError, LabOptions, run_lab
 
     script = tmp_path / "fake_train.py"
     script.write_text(FAKE_SCRIPT)

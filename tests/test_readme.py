@@ -28,7 +28,7 @@ def test_trl_quick_start_lets_llds_act() -> None:
     """The quick start's GRPOConfig gives LLDS displaced responses to act on (TRL's defaults do not)."""
     import ast
 
-    from trainer_hooks.trl.measure import in_loss_deltas_structurally_zero
+    from trainer_hooks.trl.measurement_parts import in_loss_deltas_structurally_zero
 
     readme = (ROOT / "README.md").read_text()
     snippet = next(b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "GRPOConfig(" in b)

@@ -29,9 +29,9 @@ from dashboard.figures import (
     quantiles_title,
     summary_quantiles,
 )
-from monitor.bootstrap import Services
 from monitor.domain import ActionSummaries, Principal
 from monitor.errors import LLDMonError
+from monitor.ports import DashboardPort
 
 CHUNK_STEPS = 25
 """Steps per read of the former row-storage reader; a figure now reads the window's summaries once
@@ -41,7 +41,7 @@ STEP_ROW_LIMIT = 50_000
 
 
 def action_figures(
-    state: Services,
+    state: DashboardPort,
     principal: Principal,
     run_id: object,
     step: object,
@@ -67,7 +67,7 @@ def action_figures(
 
 
 def _action_figures(
-    state: Services,
+    state: DashboardPort,
     principal: Principal,
     run_id: int,
     step: int,
@@ -93,7 +93,7 @@ def _placeholders(message: str) -> tuple[Figure, Figure]:
 
 
 def _histogram(
-    state: Services, principal: Principal, run_id: int, summaries: ActionSummaries, src: str | None
+    state: DashboardPort, principal: Principal, run_id: int, summaries: ActionSummaries, src: str | None
 ) -> Figure:
     """The last step of the window that has action blocks: its records, or why they are gone."""
     if not summaries.steps:

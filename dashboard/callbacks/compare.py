@@ -19,15 +19,17 @@ from dashboard.figures import COMPARE_HEIGHT, CompareRun, Figure, compare_figure
 from dashboard.layout import graph_card
 from dashboard.pages.compare import MAX_RUNS, parse_query, query_string
 from dashboard.pages.run import GRAPH_CONFIG
-from monitor.bootstrap import Services
 from monitor.detector.types import COLLAPSE
 from monitor.domain import Principal
 from monitor.errors import LLDMonError
+from monitor.ports import DashboardPort
 
 MAX_POINTS = 1500
 
 
-def compare_options(state: Services, principal: Principal, picked: object) -> tuple[list[str], list[str]]:
+def compare_options(
+    state: DashboardPort, principal: Principal, picked: object
+) -> tuple[list[str], list[str]]:
     """(notes for the user, metric names to offer: canonical ones plus those the chosen runs logged)."""
     run_ids = inputs.run_ids(picked)
     notes: list[str] = []
@@ -47,7 +49,7 @@ def compare_options(state: Services, principal: Principal, picked: object) -> tu
 
 
 def compare_metric_figure(
-    state: Services,
+    state: DashboardPort,
     principal: Principal,
     run_ids: object,
     metric: object,

@@ -3,8 +3,10 @@ levers: save a checkpoint now, stop training (always confirmed: it ends the run)
 
 Writes go through `state.directives.set_manual` / `state.runs.set_policy` with the caller's Principal, so
 the API's project scoping applies; the controls are only rendered for callers allowed to steer. The
-values are checked by the API's own request bodies (`DirectiveIn`, `PolicyIn`) first, so the dashboard
-can store nothing PUT /directive or PUT /policy would refuse. On a run that is not running (no trainer
+values are checked by `dashboard.inputs` with the rules every entry point applies
+(`contracts.directive.directive_problem`, `contracts.wire.DIRECTIVE_POLICIES`) before anyone is asked to
+confirm, and again by the services, so the dashboard stores nothing PUT /directive or PUT /policy would
+refuse. On a run that is not running (no trainer
 reads its directive until it resumes) a change is only made after the user confirms it.
 """
 
@@ -16,12 +18,10 @@ from typing import Any, Final
 
 from dash import Dash, Input, Output, State, no_update
 from dash import ctx as dash_ctx
-from pydantic import ValidationError
 
 from dashboard import inputs
 from dashboard.auth import current_principal
-from dashboard.callbacks.base import DashContext, error_text, validation_text
-from monitor.api.schemas import DirectiveIn, LLDSIn, PolicyIn
+from dashboard.callbacks.base import DashContext, error_text
 from monitor.domain import Principal
 from monitor.errors import LLDMonError
 
@@ -31,33 +31,18 @@ ACTIONS: Final = ("llds-on", "llds-off", "policy-apply", *LEVERS)
 """The buttons (their component ids)."""
 
 
-def directive_body(enabled: bool, lam: object, reason: str) -> tuple[LLDSIn, str]:
-    """The LLDS lever and reason of the PUT /directive body for these values, validated as the API
-    validates them (an empty lambda box: the API's default lambda)."""
-    llds: dict[str, object] = {"enabled": enabled}
-    if lam is not None and lam != "":
-        llds["lam"] = lam
-    body = DirectiveIn.model_validate({"llds": llds, "reason": reason})
-    assert body.llds is not None  # given above
-    return body.llds, body.reason
-
-
 def set_llds(
     ctx: DashContext, principal: Principal, run_id: object, enabled: bool, lam: object
 ) -> tuple[str, bool]:
-    """Switch LLDS; returns (message, ok)."""
-    reason = f"dashboard: LLDS switched {'on' if enabled else 'off'} by hand"
+    """Switch LLDS (an empty lambda box: the default lambda); returns (message, ok)."""
     try:
-        llds, reason = directive_body(enabled, lam, reason)
         directive = ctx.state.directives.set_manual(
             principal,
             inputs.run_id(run_id),
-            llds_enabled=llds.enabled,
-            llds_lambda=llds.lam,
-            reason=reason,
+            llds_enabled=enabled,
+            llds_lambda=inputs.llds_lambda(lam),
+            reason=f"dashboard: LLDS switched {'on' if enabled else 'off'} by hand",
         )
-    except ValidationError as exc:
-        return validation_text(exc), False
     except LLDMonError as exc:
         return error_text(exc), False
     state = "on" if directive.llds_enabled else "off"
@@ -69,25 +54,20 @@ def set_lever(ctx: DashContext, principal: Principal, run_id: int, action: str) 
     try:
         if action == "stop-on-collapse":
             on = not ctx.state.directives.current(principal, run_id).stop_on_collapse
-            body = DirectiveIn.model_validate(
-                {"stop_on_collapse": on, "reason": f"dashboard: stop on collapse {'on' if on else 'off'}"}
+            d = ctx.state.directives.set_manual(
+                principal,
+                run_id,
+                stop_on_collapse=on,
+                reason=f"dashboard: stop on collapse {'on' if on else 'off'}",
             )
         elif action == "stop-now":
-            body = DirectiveIn.model_validate({"stop": True, "reason": "dashboard: stop requested by hand"})
-        else:
-            body = DirectiveIn.model_validate(
-                {"checkpoint": True, "reason": "dashboard: checkpoint requested by hand"}
+            d = ctx.state.directives.set_manual(
+                principal, run_id, stop=True, reason="dashboard: stop requested by hand"
             )
-        d = ctx.state.directives.set_manual(
-            principal,
-            run_id,
-            checkpoint=body.checkpoint,
-            stop=body.stop,
-            stop_on_collapse=body.stop_on_collapse,
-            reason=body.reason,
-        )
-    except ValidationError as exc:
-        return validation_text(exc), False
+        else:
+            d = ctx.state.directives.set_manual(
+                principal, run_id, checkpoint=True, reason="dashboard: checkpoint requested by hand"
+            )
     except LLDMonError as exc:
         return error_text(exc), False
     if action == "stop-on-collapse":
@@ -98,10 +78,7 @@ def set_lever(ctx: DashContext, principal: Principal, run_id: int, action: str) 
 
 def set_policy(ctx: DashContext, principal: Principal, run_id: object, policy: object) -> tuple[str, bool]:
     try:
-        body = PolicyIn.model_validate({"policy": policy})
-        run = ctx.state.runs.set_policy(principal, inputs.run_id(run_id), body.policy)
-    except ValidationError as exc:
-        return validation_text(exc), False
+        run = ctx.state.runs.set_policy(principal, inputs.run_id(run_id), inputs.directive_policy(policy))
     except LLDMonError as exc:
         return error_text(exc), False
     return f"policy set to {run.directive_policy}", True
@@ -118,15 +95,14 @@ class Outcome:
 def _what(action: str, lam: object, policy: object) -> str:
     """What the button does, in words, for the confirmation (the values are already validated)."""
     if action == "policy-apply":
-        return f"set its directive policy to {PolicyIn.model_validate({'policy': policy}).policy}"
+        return f"set its directive policy to {inputs.directive_policy(policy)}"
     if action == "checkpoint-now":
         return "request a checkpoint"
     if action == "stop-now":
         return "stop its training (the trainer saves a checkpoint, then ends)"
     if action == "stop-on-collapse":
         return "change whether it stops on collapse"
-    llds, _ = directive_body(action == "llds-on", lam, "")
-    return f"switch LLDS {'on' if llds.enabled else 'off'} (λ={llds.lam:g})"
+    return f"switch LLDS {'on' if action == 'llds-on' else 'off'} (λ={inputs.llds_lambda(lam):g})"
 
 
 def apply_action(
@@ -146,8 +122,6 @@ def apply_action(
     try:
         what = _what(str(action), lam, policy)
         run = ctx.state.runs.get(principal, inputs.run_id(run_id))
-    except ValidationError as exc:
-        return Outcome(validation_text(exc))
     except LLDMonError as exc:
         return Outcome(error_text(exc))
     if run.status != "running" and not confirmed:

@@ -16,6 +16,7 @@ from dash.exceptions import UnsupportedRelativePath
 from dashboard import data, inputs
 from dashboard.auth import can_steer, current_principal
 from dashboard.callbacks.base import DashContext
+from dashboard.callbacks.run_panels import overlay_of
 from dashboard.layout import error_page
 from dashboard.pages import compare as compare_page
 from dashboard.pages import run as run_page
@@ -71,24 +72,23 @@ def _run_page(ctx: DashContext, principal: Principal, parts: list[str]) -> Compo
     try:
         if run_id is not None:
             try:
-                run = ctx.state.runs.get(principal, run_id)
+                rc = data.run_context(ctx.state, principal, run_id)
             except NotFound:
                 named = find_runs(ctx, principal, parts)  # a run whose name is digits
                 if len(named) != 1:
                     raise
-                run = named[0]
+                rc = data.run_context(ctx.state, principal, named[0].id)
         else:
             named = find_runs(ctx, principal, parts)
             if len(named) != 1:
                 return _not_one_run(ctx, "/".join(unquote(p) for p in parts), named)
-            run = named[0]
-        directive = ctx.state.directives.current(principal, run.id)
+            rc = data.run_context(ctx.state, principal, named[0].id)
     except LLDMonError as exc:
         return error_page(f"{exc.status_code}", exc.message, ctx.path_for)
     return run_page.layout(
-        run,
-        directive,
-        steer=can_steer(principal, run),
+        rc,
+        overlay_of(rc),
+        steer=can_steer(principal, rc.run),
         path_for=ctx.path_for,
         refresh_ms=ctx.run_refresh_ms,
     )

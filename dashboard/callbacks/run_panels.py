@@ -1,15 +1,18 @@
 """Run-page panels: one load per panel (downsampled), then live refreshes that fetch only new steps.
 
-Each panel has its own load callback (it queries only that panel's metrics, so the panels arrive in
-parallel and a slow one holds up nothing) and its own cursor (a dcc.Store): the last step drawn,
+What every panel draws over its series (phase bands, alert and directive markers) is the run's context,
+read once when the page is built (`overlay_of`, kept in the page's `run-overlay` store) and once per
+refresh, never once per panel. Each panel has its own load callback (it queries only that panel's
+metrics, so the panels arrive in parallel and a slow one holds up nothing) and its own cursor (a dcc.Store): the last step drawn,
 which metrics it has traces for, the run's last step its bands reach, how many raw points refreshes
 appended, and the signature of the phase events / alerts / directives drawn. One refresh callback
 serves all panels: it queries `step_min = last + 1` once and answers with `dash.Patch` objects that
 extend the traces in place and replace bands and markers. A panel is redrawn in full when one of its
 metrics shows up for the first time, or once many raw points have been appended (downsampled again).
 
-Cursors come back from the browser: one that is not what `load_panel` made (crafted, or from another
-run) is ignored, and a run whose last step is the largest BIGINT has no step after it to query.
+Cursors and the overlay come back from the browser: a cursor that is not what `load_panel` made
+(crafted, or from another run) is ignored, an overlay that is not what `overlay_of` made is read again
+from the service, and a run whose last step is the largest BIGINT has no step after it to query.
 """
 
 from __future__ import annotations
@@ -36,9 +39,9 @@ from dashboard.figures import (
     present_metrics,
 )
 from dashboard.panels import PANEL_METRICS, PANELS, Panel
-from monitor.bootstrap import Services
-from monitor.domain import Principal, Series
+from monitor.domain import Principal, RunContext, Series
 from monitor.errors import LLDMonError
+from monitor.ports import DashboardPort
 
 MAX_POINTS = 1500
 """Points per series of a full load (min/max buckets: spikes and NaN survive)."""
@@ -46,6 +49,8 @@ REBUILD_AFTER = 3000
 """Raw points appended per series by refreshes before a panel is reloaded downsampled."""
 
 Cursor = dict[str, Any]
+Overlay = dict[str, Any]
+"""What every panel of a run page draws over its series, as JSON (`overlay_of`)."""
 PanelOutput = Any
 """A figure dict (full), a dash.Patch (incremental) or dash.no_update."""
 
@@ -54,43 +59,71 @@ def last_step_of(series: Mapping[str, Series], default: int = -1) -> int:
     return max((s.steps[-1] for s in series.values() if s.steps), default=default)
 
 
+def overlay_of(rc: RunContext) -> Overlay:
+    """The phase bands and markers every panel draws, with the step the bands reach and the signature
+    of what they were drawn from."""
+    band_end = rc.run.last_step
+    return {
+        "run_id": rc.run.id,
+        "band_end": band_end,
+        "signature": data.signature(rc),
+        "shapes": band_shapes(phase_bands(rc.phases, band_end)),
+        "markers": marker_trace(markers_of(rc.alerts, rc.directives, rc.phases)),
+    }
+
+
+def valid_overlay(overlay: object, run_id: int) -> Overlay | None:
+    """`overlay` if it has the shape `overlay_of` gives for this run, else None."""
+    if not isinstance(overlay, dict) or overlay.get("run_id") != run_id:
+        return None
+    band_end, shapes, markers = overlay.get("band_end"), overlay.get("shapes"), overlay.get("markers")
+    if not (
+        (band_end is None or _is_step(band_end, 0))
+        and isinstance(overlay.get("signature"), str)
+        and isinstance(shapes, list)
+        and all(isinstance(shape, dict) for shape in shapes)
+        and isinstance(markers, dict)
+    ):
+        return None
+    return overlay
+
+
 def load_panel(
-    state: Services,
+    state: DashboardPort,
     principal: Principal,
     run_id: object,
     panel: Panel,
+    overlay: Overlay,
     *,
-    rc: data.RunContext | None = None,
     max_points: int = MAX_POINTS,
 ) -> tuple[Figure, Cursor]:
-    """One panel from the run's downsampled history of its metrics, with phase bands and markers."""
+    """One panel from the run's downsampled history of its metrics, under the page's `overlay` (read
+    before the series, so the bands never reach past the data a later refresh starts from)."""
     run_id = inputs.run_id(run_id)
-    rc = rc or data.run_context(state, principal, run_id)  # read first: `last` never skips a step
     series = data.series_map(state, principal, run_id, panel.metrics, max_points=max_points)
-    band_end = rc.run.last_step
-    figure = panel_figure(
-        panel,
-        series,
-        phase_bands(rc.events, band_end),
-        markers_of(rc.alerts, rc.directives, rc.events),
-        uirevision=run_id,
-    )
+    band_end = overlay["band_end"]
+    figure = panel_figure(panel, series, overlay["shapes"], overlay["markers"], uirevision=run_id)
     cursor: Cursor = {
         "run_id": run_id,
         "last_step": max(last_step_of(series), -1 if band_end is None else band_end),
         "band_end": band_end,
         "present": present_metrics(panel, series),
         "appended": 0,
-        "signature": rc.signature,
+        "signature": overlay["signature"],
         "log_range": _log_range(panel, series.values()),
     }
     return figure, cursor
 
 
-def panel_load(state: Services, principal: Principal, run_id: object, panel: Panel) -> tuple[Figure, Any]:
-    """What a panel's load callback answers: the panel, or a figure that says what went wrong."""
+def panel_load(
+    state: DashboardPort, principal: Principal, run_id: object, panel: Panel, overlay: object = None
+) -> tuple[Figure, Any]:
+    """What a panel's load callback answers: the panel under the page's overlay (read from the service
+    only when the page holds none for this run), or a figure that says what went wrong."""
     try:
-        return load_panel(state, principal, run_id, panel)
+        rid = inputs.run_id(run_id)
+        page = valid_overlay(overlay, rid) or overlay_of(data.run_context(state, principal, rid))
+        return load_panel(state, principal, rid, panel, page)
     except LLDMonError as exc:
         return empty_figure(error_text(exc)), None
 
@@ -137,12 +170,12 @@ def valid_cursor(cursor: object, run_id: int, panel: Panel) -> Cursor | None:
 
 
 def load_panels(
-    state: Services, principal: Principal, run_id: object, *, max_points: int = MAX_POINTS
+    state: DashboardPort, principal: Principal, run_id: object, *, max_points: int = MAX_POINTS
 ) -> tuple[list[Figure], list[Cursor]]:
-    """Every panel (what the page's load callbacks do one by one)."""
+    """Every panel as a page loads them: the context read once, then each panel's series."""
     run_id = inputs.run_id(run_id)
-    rc = data.run_context(state, principal, run_id)
-    loaded = [load_panel(state, principal, run_id, p, rc=rc, max_points=max_points) for p in PANELS]
+    overlay = overlay_of(data.run_context(state, principal, run_id))
+    loaded = [load_panel(state, principal, run_id, p, overlay, max_points=max_points) for p in PANELS]
     return [f for f, _ in loaded], [c for _, c in loaded]
 
 
@@ -152,7 +185,7 @@ def _after(series: Series, step: int) -> Series:
 
 
 def refresh_panels(
-    state: Services,
+    state: DashboardPort,
     principal: Principal,
     run_id: object,
     cursors: Sequence[object],
@@ -171,7 +204,7 @@ def refresh_panels(
 
 
 def _refresh(
-    state: Services,
+    state: DashboardPort,
     principal: Principal,
     run_id: int,
     raw_cursors: Sequence[object],
@@ -185,21 +218,19 @@ def _refresh(
     live = [c for c in cursors if c is not None]
     if not live:
         return outputs, new_cursors  # no panel loaded yet
-    rc = data.run_context(state, principal, run_id)
+    overlay = overlay_of(data.run_context(state, principal, run_id))
     step_min = min(int(c["last_step"]) for c in live) + 1
     new: dict[str, Series] = {}
     if step_min <= inputs.MAX_BIGINT:  # else nothing can come after the last step a step column holds
         new = data.series_map(state, principal, run_id, PANEL_METRICS, step_min=step_min)
-    band_end = rc.run.last_step
-    shapes: list[dict[str, Any]] | None = None
-    markers: dict[str, Any] | None = None
+    band_end = overlay["band_end"]
     for i, (panel, cursor) in enumerate(zip(PANELS, cursors, strict=True)):
         if cursor is None:
             continue  # its load has not answered yet
         last = int(cursor["last_step"])
         arrived = {name: _after(new[name], last) for name in panel.metrics if name in new}
         arrived = {name: s for name, s in arrived.items() if s.steps}
-        signature_changed = rc.signature != cursor["signature"]
+        signature_changed = overlay["signature"] != cursor["signature"]
         if not arrived and not signature_changed and band_end == cursor["band_end"]:
             continue
         had: list[str] = list(cursor["present"])
@@ -207,20 +238,17 @@ def _refresh(
         if appended > rebuild_after or any(name not in had for name in arrived):
             # A metric shows up for the first time, or many raw points piled up: redraw the panel.
             outputs[i], new_cursors[i] = load_panel(
-                state, principal, run_id, panel, rc=rc, max_points=max_points
+                state, principal, run_id, panel, overlay, max_points=max_points
             )
             continue
-        if shapes is None:
-            shapes = band_shapes(phase_bands(rc.events, band_end))
-            markers = marker_trace(markers_of(rc.alerts, rc.directives, rc.events))
         patch = Patch()
         for name, s in arrived.items():
             trace = had.index(name)
             patch["data"][trace]["x"].extend(s.steps)
             patch["data"][trace]["y"].extend(s.values)
-        patch["layout"]["shapes"] = shapes
+        patch["layout"]["shapes"] = overlay["shapes"]
         if signature_changed:
-            patch["data"][len(had)] = markers
+            patch["data"][len(had)] = overlay["markers"]
         extent = _log_range(panel, arrived.values(), cursor.get("log_range"))
         if extent != cursor.get("log_range"):  # the log axis' labels follow the widened range
             patch["layout"]["yaxis"]["dtick"] = log_dtick(None if extent is None else (extent[0], extent[1]))
@@ -233,7 +261,7 @@ def _refresh(
             "band_end": band_end,
             "present": had,
             "appended": appended,
-            "signature": rc.signature,
+            "signature": overlay["signature"],
             "log_range": extent,
         }
     return outputs, new_cursors
@@ -261,6 +289,7 @@ def _register_load(app: Dash, ctx: DashContext, panel: Panel) -> None:
         Output(f"panel-{panel.key}", "figure"),
         Output(f"cursor-{panel.key}", "data"),
         Input("run-id", "data"),
+        State("run-overlay", "data"),
     )
-    def _load(run_id: object) -> tuple[Any, Any]:
-        return panel_load(ctx.state, current_principal(), run_id, panel)
+    def _load(run_id: object, overlay: object) -> tuple[Any, Any]:
+        return panel_load(ctx.state, current_principal(), run_id, panel, overlay)

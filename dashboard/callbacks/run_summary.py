@@ -1,4 +1,5 @@
-"""Run page header, directive status and the alerts/events timeline (refreshed with the panels).
+"""Run page header, directive status and the alerts/events timeline, refreshed with the panels (the
+page is built with them: this callback only refreshes).
 
 The timeline is re-sent only when a phase event, alert or directive changed, so evidence the user
 has expanded stays open between refreshes.
@@ -29,13 +30,14 @@ def run_summary(
         message = html.P(error_text(exc), className="msg err")
         return [message], message, message, None
     timeline: Component | Any = no_update
-    if rc.signature != shown:
+    signature = data.signature(rc)
+    if signature != shown:
         timeline = run_page.timeline_table(rc)
     return (
         run_page.header_children(rc.run),
         run_page.directive_status(rc.directive, rc.run.directive_policy),
         timeline,
-        rc.signature if rc.signature != shown else no_update,
+        signature if signature != shown else no_update,
     )
 
 
@@ -45,10 +47,11 @@ def register(app: Dash, ctx: DashContext) -> None:
         Output("directive-status", "children"),
         Output("run-timeline", "children"),
         Output("timeline-signature", "data"),
-        Input("run-id", "data"),
         Input("run-tick", "n_intervals"),
         Input("directive-changed", "data"),
+        State("run-id", "data"),
         State("timeline-signature", "data"),
+        prevent_initial_call=True,
     )
-    def _summary(run_id: object, _tick: object, _changed: object, shown: object) -> tuple[Any, ...]:
+    def _summary(_tick: object, _changed: object, run_id: object, shown: object) -> tuple[Any, ...]:
         return run_summary(ctx, current_principal(), run_id, shown)

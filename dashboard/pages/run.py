@@ -11,7 +11,6 @@ from dash import dcc, html
 from dash.development.base_component import Component
 
 from contracts.wire import DIRECTIVE_POLICIES
-from dashboard.data import RunContext
 from dashboard.figures import (
     ACTION_HEIGHT,
     HISTOGRAM_TITLE,
@@ -31,7 +30,7 @@ from monitor.detector.explain import (
     explain_finding,
     explain_phase_change,
 )
-from monitor.domain import DirectiveInfo, RunInfo
+from monitor.domain import DirectiveInfo, RunContext, RunInfo
 
 REFRESH_MS = 5_000
 ACTION_WINDOWS = (20, DEFAULT_ACTION_WINDOW, MAX_ACTION_WINDOW)
@@ -40,14 +39,24 @@ GRAPH_CONFIG: Any = {"displaylogo": False, "responsive": True}
 
 
 def layout(
-    run: RunInfo, directive: DirectiveInfo, *, steer: bool, path_for: PathFor, refresh_ms: int = REFRESH_MS
+    rc: RunContext,
+    overlay: dict[str, Any],
+    *,
+    steer: bool,
+    path_for: PathFor,
+    refresh_ms: int = REFRESH_MS,
 ) -> Component:
+    """The page of a run, drawn from its context as read once for this page: header, directive, timeline,
+    and `overlay` (the bands and markers every panel draws, `dashboard.callbacks.run_panels.overlay_of`)
+    for the panels' load callbacks; the refresh callbacks take over from there."""
+    run = rc.run
     return html.Div(
         [
             dcc.Store(id="run-id", data=run.id),
+            dcc.Store(id="run-overlay", data=overlay),
             *[dcc.Store(id=f"cursor-{panel.key}") for panel in PANELS],
             dcc.Store(id="directive-changed"),
-            dcc.Store(id="timeline-signature"),
+            dcc.Store(id="timeline-signature", data=overlay["signature"]),
             dcc.Interval(id="run-tick", interval=refresh_ms),
             dcc.Download(id="run-download"),
             html.Div(
@@ -64,7 +73,7 @@ def layout(
                 ],
                 className="card",
             ),
-            directive_card(run, directive, steer),
+            directive_card(run, rc.directive, steer),
             legend_card(),
             html.Div(
                 [
@@ -84,7 +93,10 @@ def layout(
             ),
             actions_card(),
             html.Div(
-                [html.H3("Alerts, phase changes and directives"), html.Div(id="run-timeline")],
+                [
+                    html.H3("Alerts, phase changes and directives"),
+                    html.Div(timeline_table(rc), id="run-timeline"),
+                ],
                 className="card",
             ),
         ]
@@ -336,7 +348,7 @@ def timeline_rows(ctx: RunContext) -> list[TimelineRow]:
             explain_phase_change(e.phase, e.previous_phase, e.evidence, e.step)[1:],
             e.evidence,
         )
-        for e in ctx.events
+        for e in ctx.phases
     ]
     rows += [
         TimelineRow(

@@ -7,8 +7,7 @@ from typing import Annotated, Final
 
 from fastapi import Path, Query
 
-from monitor.domain import MAX_BIGINT
-from monitor.services.runs import MAX_RUN_ID
+from monitor.domain import MAX_BIGINT, MAX_RUN_ID
 
 RunId = Annotated[int, Path(ge=0, le=MAX_RUN_ID, description="The run's id.")]
 AlertId = Annotated[int, Path(ge=0, le=MAX_BIGINT, description="The alert's id.")]

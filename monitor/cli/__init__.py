@@ -7,19 +7,24 @@ server itself and stay local.
 
 The remote mode, `sync` and `watch` need the `cli` extra only (numpy, pydantic: no FastAPI, SQLAlchemy or
 Dash): a command imports the server's packages only on its local path.
+
+Other installed packages add commands through the `lldmon.commands` entry points (`COMMANDS_GROUP`):
+the experiment tooling's `lab`, `eval` and `demo` (`lldmon_lab.cli`), which depends on `monitor` and so
+cannot be imported by it.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import sys
 from typing import Any
 
 import typer
+import typer.main
+from typer.core import TyperGroup
 
-from monitor.cli import demo as _demo
 from monitor.cli import directive as _directive
-from monitor.cli import evaluate as _evaluate
 from monitor.cli import export as _export
 from monitor.cli import importing as _importing
 from monitor.cli import serve as _serve
@@ -30,16 +35,42 @@ from monitor.cli.alerts import alerts_app
 from monitor.cli.db import db_app
 from monitor.cli.runs import runs_app
 from monitor.cli.tokens import auth_app, token_app
-from monitor.lab.cli import lab_app
 
-__all__ = ["AlertStatus", "Policy", "RunStatus", "app", "main"]
+__all__ = ["COMMANDS_GROUP", "AlertStatus", "Policy", "RunStatus", "app", "installed_commands", "main"]
 
-app = typer.Typer(help="lldmon: collapse diagnostics for GRPO agent training.", no_args_is_help=True)
+COMMANDS_GROUP = "lldmon.commands"
+
+
+def installed_commands() -> dict[str, Any]:
+    """The commands of the `COMMANDS_GROUP` entry points, by entry-point name: a Typer app becomes a
+    command group, a function a command, each built as `app.add_typer` / `app.command` would build it."""
+    extensions = typer.Typer()
+    for entry_point in importlib.metadata.entry_points(group=COMMANDS_GROUP):
+        target = entry_point.load()
+        if isinstance(target, typer.Typer):
+            extensions.add_typer(target, name=entry_point.name)
+        else:
+            extensions.command(entry_point.name)(target)
+    return dict(typer.main.get_group(extensions).commands)
+
+
+class _Lldmon(TyperGroup):
+    """`lldmon`'s own commands, then the installed ones. Added when Typer builds the command line (on
+    every run, and in tests), not on import: importing `monitor.cli` loads none of their packages."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        for name, command in installed_commands().items():
+            self.add_command(command, name)
+
+
+app = typer.Typer(
+    cls=_Lldmon, help="lldmon: collapse diagnostics for GRPO agent training.", no_args_is_help=True
+)
 app.add_typer(db_app, name="db")
 app.add_typer(alerts_app, name="alerts")
 app.add_typer(token_app, name="token")
 app.add_typer(runs_app, name="runs")
-app.add_typer(lab_app, name="lab")
 app.add_typer(auth_app, name="auth")
 app.command()(_serve.serve)
 app.command("export")(_export.export_run)
@@ -47,8 +78,6 @@ app.command()(_directive.directive)
 app.command()(_sync.sync)
 app.command()(_watch.watch)
 app.command("import")(_importing.import_logs)
-app.command("eval")(_evaluate.evaluate_detector)
-app.command()(_demo.demo)
 
 
 def main() -> None:

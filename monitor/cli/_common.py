@@ -6,13 +6,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 
 from monitor.text import printable
+
+if TYPE_CHECKING:
+    from monitor.bootstrap import Services
+    from monitor.ports import ServicePort
 
 PIPE_WIDTH = 1 << 16
 """The console's width when stdout is not a terminal: wide enough that no table cell is cut and no line
@@ -113,7 +117,7 @@ def require_server() -> None:
     importlib.import_module("monitor.api.app")
 
 
-def services(database_url: str | None, data_dir: Path | None, **extra: Any) -> Any:
+def services(database_url: str | None, data_dir: Path | None, **extra: Any) -> Services:
     from monitor.api.app import SchemaOutdated, build_state
 
     try:
@@ -123,7 +127,9 @@ def services(database_url: str | None, data_dir: Path | None, **extra: Any) -> A
         raise typer.Exit(2) from None
 
 
-def open_state(url: str | None, token: str | None, database_url: str | None, data_dir: Path | None) -> Any:
+def open_state(
+    url: str | None, token: str | None, database_url: str | None, data_dir: Path | None
+) -> ServicePort:
     """The service state a command works on: a remote service's HTTP API when `url` is given (the
     token's project scope), otherwise the database, as `services` builds it."""
     if url:
@@ -150,7 +156,7 @@ def closing(state: Any, exit_code: int | None = None) -> Iterator[None]:
         state.db.dispose()
 
 
-def run_id_of(state: Any, ref: str, project: str | None = None) -> int:
+def run_id_of(state: ServicePort, ref: str, project: str | None = None) -> int:
     """A run given by id, or by name (unique across projects, or within `project`)."""
     from monitor.domain import Principal, RunFilter
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, Final, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Final, TypeVar, overload
 
 import httpx
 
@@ -48,6 +48,9 @@ from monitor.errors import (
     ServiceUnavailable,
     Unauthorized,
 )
+
+if TYPE_CHECKING:
+    from monitor.ports import ServicePort
 
 DEFAULT_TIMEOUT: Final = 30.0
 _ERRORS: Final[dict[int, type[LLDMonError]]] = {
@@ -478,3 +481,9 @@ class RemoteState:
 
     def dispose(self) -> None:
         self.api.close()
+
+
+if TYPE_CHECKING:  # mypy holds the remote state to the port the commands use
+
+    def _command_port(state: RemoteState) -> ServicePort:
+        return state

@@ -5,7 +5,7 @@ scales as one that logs every step. Where a metric is logged more sparsely than 
 window reaches back to the `min_*_points` most recent values (never beyond `history_steps`). Sources:
 [LLD] = docs/science.md sections 2-3 (Deng et al., arXiv 2512.04220, Fig. 2-4); "real logs" =
 ../shared/datasets/real_runs (healthy verl GSM8K PPO, noisy Search-R1 GRPO/GiGPO, stagnant TRL FinQA), read
-with `monitor.importers`; "scenarios" = `monitor.detector.scenarios` (calibrated to docs/science.md
+with `monitor.importers`; "scenarios" = `lldmon_lab.scenarios` (calibrated to docs/science.md
 section 3). The figures quoted for the real logs were measured with `benchmarks/detection.py`.
 """
 
@@ -110,7 +110,7 @@ class DetectorConfig:
     # --- reward crash ------------------------------------------------------------------------------------
     reward_smooth: int = 3
     """Steps of the reward's trailing median, so a single noisy step is never a crash (the labelled
-    collapse step of the evaluation is another, slower rule: `monitor.detector.labels.collapse_step`)."""
+    collapse step of the evaluation is another, slower rule: `lldmon_lab.labels.collapse_step`)."""
     reward_smooth_points: int = 3
     """...holding at least this many reward values (a reward logged every 4 steps: the last 3 rollouts)."""
     reward_crash_frac: float = 0.5
@@ -159,7 +159,7 @@ class DetectorConfig:
     never 10 of 10; Search-R1 has ~15 % zero-score steps."""
     reward_zero_level: float = 0.2
     """"At the floor of its range": reward <= low + this share of (running peak - low), the fraction of
-    the one collapse rule (`monitor.detector.labels`), so the alert and the label speak of the same level.
+    the one collapse rule (`lldmon_lab.labels`), so the alert and the label speak of the same level.
     With `reward_zero_share` of >= 3 values. Lab early regime: 0.27 -> 0.03 within 12 steps."""
     reward_metric: str = M.REWARD_MEAN
     """The series every reward rule judges. The optimised reward by default; a run whose optimised reward
@@ -173,7 +173,7 @@ class DetectorConfig:
     reward_floor_min_rise: float = 0.05
     """With a `reward_floor`: the trailing mean must first have risen this far above it, in the reward's
     units like the floor (the collapse label's `min_peak` for a success rate); a run whose reward is in
-    other units declares both in them (`monitor.eval_harder.affine` moves both)."""
+    other units declares both in them (`lldmon_lab.eval_harder.affine` moves both)."""
     reward_floor_noise: float = 4.0
     """With a `reward_floor`, once the noise is measured: the trailing mean must also be this many noise SDs
     below its best (a weak run, best trailing mean 0.17, dips to 0.02 for a few steps in its noise; a real
@@ -189,10 +189,10 @@ class DetectorConfig:
     best. The running best of a wandering series drifts away from its typical level: a success rate
     wandering as an AR(1) process (phi 0.9, the generated noisy-stagnant runs) spans 6-7 SDs of its
     trailing mean within 400 steps, real small-batch runs (Search-R1, TRL FinQA) up to 6.5. Measured with
-    the harness of `monitor.evaluation` (`lldmon eval --scale-free`); 8 is the smallest whole number with
+    the harness of `lldmon_lab.evaluation` (`lldmon eval --scale-free`); 8 is the smallest whole number with
     no critical finding on any control of any source. Project choice."""
     reward_zero_mean_window: int = 10
-    """Second way to "reward to 0", the collapse label's own statistic (`monitor.detector.labels`): the
+    """Second way to "reward to 0", the collapse label's own statistic (`lldmon_lab.labels`): the
     reward's trailing mean over this many steps (labels.WINDOW)..."""
     reward_zero_hold_steps: int = 4
     """...has stayed below `reward_zero_level` of the way from its lowest to its best trailing mean so far

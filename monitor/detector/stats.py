@@ -56,56 +56,10 @@ def mad(x: npt.ArrayLike, center: float | None = None) -> float:
     return fast_median(np.abs(v - c))
 
 
-def robust_sd(x: npt.ArrayLike) -> float:
-    """MAD-based standard deviation of the finite values."""
-    return MAD_TO_SD * mad(x)
-
-
 def quantile(x: npt.ArrayLike, q: float) -> float:
     """Linear-interpolated quantile (q in 0..1) of the finite values, NaN if there are none."""
     v = finite(x)
     return float(np.quantile(v, q)) if v.size else float("nan")
-
-
-def _sliding_sorted(x: npt.ArrayLike, window: int) -> tuple[FloatArray, IntArray]:
-    """Trailing windows of `x` (the first ones shorter), each sorted with non-finite values last, and the
-    number of finite values in each."""
-    if window < 1:
-        raise ValueError("window must be >= 1")
-    arr = np.asarray(x, dtype=np.float64).ravel()
-    if arr.size == 0:
-        return np.empty((0, window)), np.empty(0, dtype=np.int64)
-    padded = np.concatenate([np.full(window - 1, np.nan), arr])
-    padded[~np.isfinite(padded)] = np.nan
-    windows = np.lib.stride_tricks.sliding_window_view(padded, window)
-    counts = np.isfinite(windows).sum(axis=1).astype(np.int64)
-    return np.sort(windows, axis=1), counts  # np.sort puts NaN last
-
-
-def _sorted_median(sorted_rows: FloatArray, counts: IntArray) -> FloatArray:
-    out = np.full(sorted_rows.shape[0], np.nan)
-    ok = counts > 0
-    rows = np.nonzero(ok)[0]
-    lo = (counts[ok] - 1) // 2
-    hi = counts[ok] // 2
-    out[ok] = 0.5 * (sorted_rows[rows, lo] + sorted_rows[rows, hi])
-    return out
-
-
-def rolling_median(x: npt.ArrayLike, window: int) -> FloatArray:
-    """Trailing rolling median: out[i] = median of the finite values among x[i-window+1 .. i]
-    (fewer at the start; NaN where a window holds no finite value)."""
-    sorted_rows, counts = _sliding_sorted(x, window)
-    return _sorted_median(sorted_rows, counts)
-
-
-def rolling_mad(x: npt.ArrayLike, window: int) -> FloatArray:
-    """Trailing rolling MAD, aligned like `rolling_median`."""
-    sorted_rows, counts = _sliding_sorted(x, window)
-    centers = _sorted_median(sorted_rows, counts)
-    dev = np.abs(sorted_rows - centers[:, None])
-    dev_sorted = np.sort(dev, axis=1)
-    return _sorted_median(dev_sorted, counts)
 
 
 @lru_cache(maxsize=64)

@@ -2,10 +2,10 @@
 
 A gzip JSONL file (a plain one is read too): a header line `{"format": "lldmon-lab-run/1", "name", "label",
 ...}`, then one `{"step": s, "metrics": {canonical name: value}}` line per step, ascending, non-finite
-values as the strings "NaN", "Infinity", "-Infinity" (the full description is in `monitor.lab.fixtures`,
+values as the strings "NaN", "Infinity", "-Infinity" (the full description is in `lldmon_lab.lab.fixtures`,
 which writes them and turns them into labelled runs for the evaluation).
 
-This module is the one reader of the format: `monitor.lab.fixtures` builds on it, and it depends on
+This module is the one reader of the format: `lldmon_lab.lab.fixtures` builds on it, and it depends on
 nothing above the importers, so `lldmon import` can read a fixture without the lab or the evaluation. The
 metric names are stored as they are (they are canonical names already); the run is named after the
 header's `name` unless `--run` says otherwise. A fixture is written by lldmon, so a malformed one is an

@@ -69,12 +69,6 @@ def _numeric_entries(parsed: dict[object, object]) -> tuple[dict[str, float], li
     return row, other
 
 
-def parse_trl_dict(text: str) -> dict[str, float] | None:
-    """The numeric entries of one printed log dict, or None if `text` is not a dict literal."""
-    parsed = _literal(text)
-    return None if parsed is None else _numeric_entries(parsed)[0]
-
-
 def parse_trl_lines(
     lines: Iterable[Line], path: str, diagnostics: Diagnostics, first_step: int = 1
 ) -> FileColumns:

@@ -9,7 +9,15 @@ from typing import Any, Literal
 import numpy as np
 
 from contracts.action_pages import MAX_ACTION_READ, ActionCursor
-from monitor.domain import ActionSummaries, MetricSummary, PhaseEventInfo, Principal, RunSummary, Series
+from monitor.domain import (
+    ActionSummaries,
+    MetricSummary,
+    PhaseEventInfo,
+    Principal,
+    RunContext,
+    RunSummary,
+    Series,
+)
 from monitor.errors import InvalidInput
 from monitor.services.downsample import minmax_indices
 from monitor.services.runs import RunService
@@ -63,6 +71,19 @@ class QueryService:
                 first_step=first_step,
                 last_step=last_step,
                 metrics=series_store.last_values(conn, run_id),
+                phases=event_store.list_phase_events(conn, run_id),
+                alerts=alert_store.list_alerts(conn, run_id, None),
+                directives=event_store.directive_history(conn, run_id),
+                directive=event_store.current_directive(conn, run_id),
+            )
+
+    def context(self, principal: Principal, run_id: int) -> RunContext:
+        """A run with its phase events, alerts and directives (one read transaction): what a page draws
+        over the run's series."""
+        run = self.runs.get(principal, run_id)
+        with self.db.read() as conn:
+            return RunContext(
+                run=run,
                 phases=event_store.list_phase_events(conn, run_id),
                 alerts=alert_store.list_alerts(conn, run_id, None),
                 directives=event_store.directive_history(conn, run_id),

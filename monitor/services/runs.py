@@ -9,14 +9,12 @@ from typing import Any, Final
 from sqlalchemy import Connection
 
 from contracts.wire import DEFAULT_PROJECT, DIRECTIVE_POLICIES, FINISH_STATUSES, RUN_STATUSES
-from monitor.domain import Principal, RunFilter, RunInfo
+from monitor.domain import MAX_RUN_ID, Principal, RunFilter, RunInfo
 from monitor.errors import Forbidden, InvalidInput, NotFound
 from monitor.services.auth import check_access
 from monitor.store import Database
 from monitor.store import runs as run_store
 
-MAX_RUN_ID: Final = 2**31 - 1
-"""runs.id is a 32-bit INTEGER on PostgreSQL: a larger id cannot exist (and would overflow the driver)."""
 MAX_CONFIG_DEPTH: Final = run_store.MAX_CONFIG_DEPTH
 MAX_CONFIG_BYTES: Final = 256 * 1024
 """Encoded size a run config may have: it is returned with every listing of its run."""

@@ -90,11 +90,6 @@ def get_or_create_project(conn: Connection, name: str) -> int:
     return int(project_id)
 
 
-def find_project(conn: Connection, name: str) -> int | None:
-    value = conn.execute(select(projects.c.id).where(projects.c.name == name)).scalar_one_or_none()
-    return None if value is None else int(value)
-
-
 def create_run(
     conn: Connection, project_id: int, name: str, config: dict[str, Any], tags: list[str]
 ) -> tuple[RunInfo, bool]:

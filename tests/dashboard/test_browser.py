@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from contracts.wire import API_PREFIX
-from monitor.detector.scenarios import collapse_scenario
+from lldmon_lab.scenarios import collapse_scenario
 from tests.dashboard.conftest import needs_browser, plot, probe_actions, shot, wait_for
 from tests.dashboard.test_callbacks import head, tail
 from tests.live_server import LiveServer

@@ -26,8 +26,8 @@ from dashboard.data import run_context
 from dashboard.figures import legend_entries
 from dashboard.pages.run import timeline_rows
 from dashboard.panels import PANELS
+from lldmon_lab.scenarios import Scenario, collapse_scenario
 from monitor.api.state import AppState
-from monitor.detector.scenarios import Scenario, collapse_scenario
 from monitor.domain import Principal
 from tests.monitor.api.helpers import action_batch, metrics_batch, new_run
 from tests.monitor.api.test_detection_flow import stream
@@ -199,7 +199,7 @@ def test_directive_controls_write_through_the_services(
         and directive.source == "manual"
     )
     assert set_llds(dctx, OPEN, collapsed, True, -1.0) == (
-        "422: llds.lam: Input should be greater than or equal to 0",  # the API's own check (PUT /directive)
+        "422: llds.lam: lambda must be a finite number in [0, 1e+06], got -1.0",  # contracts.directive's rule
         False,
     )
     assert set_llds(dctx, OPEN, collapsed, False, None)[1]

@@ -130,7 +130,12 @@ def test_band_shapes_are_named_paper_height_rectangles_behind_the_data() -> None
 def test_panel_figure_has_a_trace_per_metric_then_the_marker_trace_and_bands() -> None:
     panel = PANELS_BY_KEY["logp"]
     data = {M.LOGP_POS: series(M.LOGP_POS), M.LOGP_NEG: series(M.LOGP_NEG)}
-    fig = panel_figure(panel, data, phase_bands(EVENTS, 49), markers_of([alert(1, 40)], [], EVENTS))
+    fig = panel_figure(
+        panel,
+        data,
+        band_shapes(phase_bands(EVENTS, 49)),
+        marker_trace(markers_of([alert(1, 40)], [], EVENTS)),
+    )
     assert isinstance(fig, go.Figure)
     assert [t.name for t in fig.data] == [M.LOGP_POS, M.LOGP_NEG, "events"]
     assert list(fig.data[0].x) == list(range(50))

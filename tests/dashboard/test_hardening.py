@@ -25,7 +25,7 @@ from dashboard.callbacks.base import DashContext
 from dashboard.callbacks.compare import compare_metric_figure, graph_slots, url_search
 from dashboard.callbacks.directive import apply_action, set_llds, set_policy
 from dashboard.callbacks.routing import render_page
-from dashboard.callbacks.run_panels import load_panels, refresh_panels
+from dashboard.callbacks.run_panels import load_panels, panel_load, refresh_panels
 from dashboard.callbacks.run_summary import run_summary
 from dashboard.figures import panel_figure
 from dashboard.inputs import MAX_ACTION_WINDOW
@@ -270,7 +270,7 @@ def test_directive_controls_validate_exactly_like_the_api(
             assert message.startswith("422: "), message
         accepted += 2 if ok else 0
     assert set_llds(dctx, OPEN, run_id, True, 1e308) == (
-        "422: llds.lam: Input should be less than or equal to 1000000",
+        "422: llds.lam: lambda must be a finite number in [0, 1e+06], got 1e+308",
         False,
     )
     history = state.directives.history(OPEN, run_id)
@@ -374,6 +374,43 @@ def test_compare_page_restores_the_pick_from_its_url(client: TestClient, dctx: D
     assert by_id(page, "compare-runs").value == [b, a]
     assert by_id(page, "compare-metrics").value == [M.GRAD_NORM]
     assert by_id(page, "compare-location") is not None
+
+
+def test_a_run_page_reads_the_run_context_once(
+    client: TestClient, dctx: DashContext, state: AppState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Building the page reads the run, its phases, alerts and directives in one go; the panels' loads
+    read only their series (they used to read the whole context each: ~100 read transactions a page)."""
+    run_id = new_run(client, "read-once")
+    body = metrics_batch(list(range(30)), {M.GRAD_NORM: [1.0] * 30, M.REWARD_MEAN: [0.5] * 30})
+    assert client.post(f"{API_PREFIX}/runs/{run_id}/metrics", json=body).status_code == 200
+    contexts: list[int] = []
+    real_context = state.query.context
+    monkeypatch.setattr(
+        state.query, "context", lambda principal, rid: contexts.append(rid) or real_context(principal, rid)
+    )
+    reads = 0
+    real_read = state.db.read
+
+    def counted_read() -> Any:
+        nonlocal reads
+        reads += 1
+        return real_read()
+
+    monkeypatch.setattr(state.db, "read", counted_read)
+    page = render_page(dctx, OPEN, f"run/{run_id}", None)
+    overlay = by_id(page, "run-overlay").data
+    for panel in PANELS:
+        figure, cursor = panel_load(state, OPEN, run_id, panel, overlay)
+        assert cursor is not None and cursor["signature"] == overlay["signature"], panel.key
+        assert figure["data"][-1]["name"] == "events", panel.key  # the page's markers, on every panel
+    assert contexts == [run_id]
+    assert reads <= 2 * (1 + len(PANELS))  # an access check and one read for the context and per panel
+    # An overlay the page did not make (crafted, or another run's) is read again, not trusted.
+    for crafted in ({"run_id": run_id, "shapes": "x"}, {**overlay, "run_id": run_id + 1}, None, []):
+        _, cursor = panel_load(state, OPEN, run_id, PANELS[0], crafted)
+        assert cursor is not None and cursor["signature"] == overlay["signature"]
+    assert contexts == [run_id] * 5
 
 
 def test_run_page_by_name(client: TestClient, dctx: DashContext, state: AppState) -> None:

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from contracts.wire import API_PREFIX
-from monitor.detector.scenarios import collapse_scenario
+from lldmon_lab.scenarios import collapse_scenario
 from tests.dashboard.conftest import CHROMEDRIVER, CHROMIUM
 from tests.dashboard.test_callbacks import head
 from tests.live_server import LiveServer

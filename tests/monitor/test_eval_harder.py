@@ -1,5 +1,5 @@
-"""The false-critical budget (`monitor.eval_harder`, `lldmon eval --harder`): the harder series of a control
-keep what they must keep, and the budget counts critical episodes per 10,000 healthy steps."""
+"""The false-critical budget (`lldmon_lab.eval_harder`, `lldmon eval --harder`): the harder series of a
+control keep what they must keep, and the budget counts critical episodes per 10,000 healthy steps."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from contracts import metrics as M
-from monitor.cli import app
-from monitor.detector.scenarios import healthy_scenario
-from monitor.eval_harder import (
+from lldmon_lab.eval_harder import (
     AFFINE,
     Budget,
     affine,
@@ -23,7 +21,9 @@ from monitor.eval_harder import (
     thinned,
     variants,
 )
-from monitor.evaluation import LabelledRun
+from lldmon_lab.evaluation import LabelledRun
+from lldmon_lab.scenarios import healthy_scenario
+from monitor.cli import app
 
 RUN = LabelledRun.from_scenario(healthy_scenario(2))
 

@@ -10,11 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from contracts import metrics as M
+from lldmon_lab.evaluation import FOUND_LABELS, SOURCE_THIRD_PARTY, labelled_runs, real_runs
+from lldmon_lab.labels import collapse_step
+from lldmon_lab.run_labels import DEFAULT_LABELS, LabelsError, parse_labels, read_labels
 from monitor.cli import app
-from monitor.detector.labels import collapse_step
-from monitor.evaluation import FOUND_LABELS, SOURCE_THIRD_PARTY, labelled_runs, real_runs
 from monitor.importers import load_log
-from monitor.run_labels import DEFAULT_LABELS, LabelsError, parse_labels, read_labels
 
 REAL = Path(__file__).resolve().parents[2].parent / "shared/datasets/real_runs"
 needs_real = pytest.mark.skipif(not REAL.is_dir(), reason=f"{REAL} (the shared real logs) is missing")
@@ -260,7 +260,7 @@ def test_found_runs_all_load_with_their_labels() -> None:
 def test_found_runs_controls_get_no_critical_finding() -> None:
     """The five healthy runs with signed / composite rewards: no critical finding (the detector is judged on
     them without ever having been tuned to them)."""
-    from monitor.evaluation import evaluate
+    from lldmon_lab.evaluation import evaluate
 
     runs = [r for r in labelled_runs(FOUND_LABELS, FOUND).runs if not r.collapses]
     report = evaluate(runs)

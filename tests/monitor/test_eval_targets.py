@@ -10,11 +10,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-import monitor.evaluation as evaluation
+import lldmon_lab.evaluation as evaluation
 from contracts import metrics as M
-from monitor.cli import app
-from monitor.detector import SEVERITY, DetectorState, FindingSpan, OfflineResult
-from monitor.evaluation import (
+from lldmon_lab.evaluation import (
     SOURCE_GENERATED,
     SOURCE_LAB,
     SOURCE_THIRD_PARTY,
@@ -29,6 +27,8 @@ from monitor.evaluation import (
     report_of,
     score_run,
 )
+from monitor.cli import app
+from monitor.detector import SEVERITY, DetectorState, FindingSpan, OfflineResult
 from monitor.importers import ParsedLog
 
 CRITICAL = next(kind for kind, severity in SEVERITY.items() if severity == "critical")

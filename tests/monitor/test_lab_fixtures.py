@@ -14,10 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from contracts import metrics as M
-from monitor.cli import app
-from monitor.detector.labels import DAMAGED, RULE, collapse_step, outcome
-from monitor.evaluation import SOURCE_LAB, evaluate, render
-from monitor.lab.fixtures import (
+from lldmon_lab.evaluation import SOURCE_LAB, evaluate, render
+from lldmon_lab.lab.fixtures import (
     FORMAT,
     FixtureError,
     export_lab,
@@ -28,7 +26,9 @@ from monitor.lab.fixtures import (
     write_csv,
     write_fixture,
 )
-from monitor.lab.results import TASK_SUCCESS
+from lldmon_lab.lab.results import TASK_SUCCESS
+from lldmon_lab.labels import DAMAGED, RULE, collapse_step, outcome
+from monitor.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "tests" / "fixtures" / "lab"
@@ -142,8 +142,8 @@ def test_a_centred_run_is_labelled_on_the_task_success(tmp_path: Path) -> None:
 
 
 def test_csv_reads_back_through_the_generic_csv_importer(tmp_path: Path) -> None:
-    """`python -m monitor.lab.fixtures csv` + `lldmon import --format csv`: a recorded run into any service,
-    every value (NaN and inf included) and every gap as recorded."""
+    """`python -m lldmon_lab.lab.fixtures csv` + `lldmon import --format csv`: a recorded run into any
+    service, every value (NaN and inf included) and every gap as recorded."""
     from monitor.importers import load_log
 
     lab, _ = _lab(tmp_path)

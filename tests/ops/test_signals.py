@@ -154,7 +154,7 @@ def test_demo_stops_cleanly(tmp_path: Path, sig: signal.Signals, disposition: st
 
 def test_a_stopped_replay_marks_its_run_failed(tmp_path: Path) -> None:
     """Stopping the demo mid-replay used to leave the replayed run `running` in the service for ever."""
-    from monitor.demo import Replay
+    from lldmon_lab.demo import Replay
     from tests.live_server import LiveServer
 
     with LiveServer(tmp_path / "data").start() as live:

@@ -18,7 +18,7 @@ import torch
 
 from contracts import metrics as M
 from contracts.wire import ACTION_COLUMNS
-from trainer_hooks.trl.measure import (
+from trainer_hooks.trl.measurement_parts import (
     EXACT_DELTA_METRICS,
     TRL_PROVIDED_METRICS,
     MicroBatch,
@@ -568,7 +568,7 @@ def test_every_objective(tmp_path: Path, loss_type: str, level: str, beta: float
 def test_measurement_failure_never_stops_training(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import trainer_hooks.trl.measure as trl_measure
+    import trainer_hooks.trl.measurement_parts as trl_measure
 
     def boom(**kwargs: Any) -> Any:
         raise RuntimeError("measurement bug")

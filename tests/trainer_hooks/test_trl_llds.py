@@ -20,7 +20,7 @@ import torch
 from contracts import metrics as M
 from trainer_hooks.client import Directive, LLDSDirective
 from trainer_hooks.regularizers import llds_loss, ma_beta, sapo_kl_loss
-from trainer_hooks.trl.llds import (
+from trainer_hooks.trl.regularizer_parts import (
     GLOBAL_TOKEN_LOSS_TYPES,
     SAPO_LOSS,
     RegularizerSettings,
@@ -513,8 +513,8 @@ def test_non_main_ranks_follow_the_main_process(
 
     import accelerate.utils
 
-    from trainer_hooks.trl.llds import LLDSSwitch
     from trainer_hooks.trl.regularizer import RegularizerDriver
+    from trainer_hooks.trl.regularizer_parts import LLDSSwitch
 
     sent: list[list[float]] = []
     from_main: dict[str, list[float]] = {}

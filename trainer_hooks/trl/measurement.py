@@ -19,7 +19,7 @@ from torch import Tensor
 from trainer_hooks._guard import Guard
 from trainer_hooks.anchors import AnchorSet
 from trainer_hooks.trl.config import MonitorSettings
-from trainer_hooks.trl.measure import (
+from trainer_hooks.trl.measurement_parts import (
     MicroBatch,
     ProbeBatch,
     StepAccumulator,

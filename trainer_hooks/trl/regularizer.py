@@ -20,7 +20,8 @@ from torch import Tensor
 from trainer_hooks._guard import Guard
 from trainer_hooks._warn import WarnOnce
 from trainer_hooks.regularizers import LLDSStats, SAPOStats, llds_loss, sapo_kl_loss
-from trainer_hooks.trl.llds import (
+from trainer_hooks.trl.measurement_parts import in_loss_deltas_structurally_zero, loss_mask
+from trainer_hooks.trl.regularizer_parts import (
     LLDSMode,
     LLDSSwitch,
     RegularizerSettings,
@@ -30,7 +31,6 @@ from trainer_hooks.trl.llds import (
     read_directive,
     term_scale,
 )
-from trainer_hooks.trl.measure import in_loss_deltas_structurally_zero, loss_mask
 
 __all__ = ["ANSWER_MASK_KEY", "RegularizerDriver"]
 

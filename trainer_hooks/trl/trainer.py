@@ -28,9 +28,9 @@ from trainer_hooks.trl.config import (
     has_directive,
     sink_from_env,
 )
-from trainer_hooks.trl.llds import DEFAULT_ANSWER_PATTERN, LLDSSwitch, RegularizerSettings
 from trainer_hooks.trl.measurement import MeasurementDriver
 from trainer_hooks.trl.regularizer import RegularizerDriver
+from trainer_hooks.trl.regularizer_parts import DEFAULT_ANSWER_PATTERN, LLDSSwitch, RegularizerSettings
 
 __all__ = ["MonitoredGRPOTrainer"]
 

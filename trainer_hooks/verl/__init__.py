@@ -40,8 +40,8 @@ from trainer_hooks.verl.directive import (
     write_directive,
     write_llds_directive,
 )
-from trainer_hooks.verl.extras import LossExtras, current_loss_extras, loss_extras
 from trainer_hooks.verl.loss import register
+from trainer_hooks.verl.loss_extras import LossExtras, current_loss_extras, loss_extras
 from trainer_hooks.verl.names import (
     ADV_NEG_MASS,
     ADV_NEG_MASS_ANSWER,

@@ -35,7 +35,7 @@ from trainer_hooks.verl.batch import (
     valid_searches_from_batch,
 )
 from trainer_hooks.verl.config import LossSettings
-from trainer_hooks.verl.extras import LossExtras, loss_extras
+from trainer_hooks.verl.loss_extras import LossExtras, loss_extras
 from trainer_hooks.verl.names import ANCHOR_METRICS, PROBE_METRICS, VS_SOURCE, weight_key
 
 __all__ = ["install", "training_worker_class"]

@@ -15,7 +15,7 @@ from contracts import metrics as M
 from trainer_hooks.actions import action_ids, num_actions
 from trainer_hooks.regularizers import llds_loss, ma_beta
 from trainer_hooks.verl.config import LossSettings, config_value
-from trainer_hooks.verl.extras import LossExtras, usable
+from trainer_hooks.verl.loss_extras import LossExtras, usable
 from trainer_hooks.verl.names import LLDS_METRICS
 
 __all__ = ["LLDS_OFF", "answer_span", "last_action_mask", "llds_term"]

@@ -19,8 +19,8 @@ from torch import Tensor
 from trainer_hooks._warn import WarnOnce
 from trainer_hooks.verl.config import LOSS_NAME, LossSettings, config_value
 from trainer_hooks.verl.directive import LLDSSwitch
-from trainer_hooks.verl.extras import current_loss_extras
 from trainer_hooks.verl.llds import LLDS_OFF, llds_term
+from trainer_hooks.verl.loss_extras import current_loss_extras
 from trainer_hooks.verl.measurement import empty_measurement, measure_loss
 
 __all__ = ["LOSS_NAME", "register"]

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from trainer_hooks.likelihood import measure_step
 from trainer_hooks.verl.config import LossSettings
-from trainer_hooks.verl.extras import LossExtras, usable
+from trainer_hooks.verl.loss_extras import LossExtras, usable
 from trainer_hooks.verl.names import (
     ADV_NEG_MASS,
     ADV_NEG_MASS_ANSWER,

@@ -28,6 +28,7 @@ from typer.testing import CliRunner
 from contracts import alerts as A
 from contracts.metrics import GRAD_NORM
 from contracts.wire import API_PREFIX, encode_float
+from lldmon_lab.scenarios import Scenario, collapse_scenario, healthy_scenario
 from monitor.alerting.rules import ActiveCondition, OpenAlert, plan_alerts
 from monitor.alerting.sinks import Dispatcher, Notification, SlackSink, WebhookSink
 from monitor.cli import app as cli
@@ -35,7 +36,6 @@ from monitor.config import Settings
 from monitor.db.engine import make_engine
 from monitor.db.migrate import downgrade, upgrade
 from monitor.detector import findings as F
-from monitor.detector.scenarios import Scenario, collapse_scenario, healthy_scenario
 from monitor.telemetry import ServiceMetrics, Snapshot
 from tests.conftest import live_server_on
 from tests.live_server import blackhole

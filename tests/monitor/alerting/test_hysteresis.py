@@ -21,10 +21,10 @@ from typer.testing import CliRunner
 from contracts import alerts as A
 from contracts.metrics import GRAD_NORM
 from contracts.wire import API_PREFIX, encode_float
+from lldmon_lab.scenarios import Scenario, healthy_scenario
 from monitor.alerting.rules import ActiveCondition, OpenAlert, ResolvedAlert, plan_alerts
 from monitor.config import Settings
 from monitor.detector import findings as F
-from monitor.detector.scenarios import Scenario, healthy_scenario
 from monitor.domain import AlertInfo, Principal, RunInfo
 from monitor.services.alerts import DEFAULT_HOLD_STEPS, AlertRun, Notifications
 from monitor.store import alerts as alert_store

@@ -11,8 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from contracts.wire import API_PREFIX, encode_float
+from lldmon_lab.scenarios import Scenario, collapse_scenario, healthy_scenario
 from monitor.api.app import create_app
-from monitor.detector.scenarios import Scenario, collapse_scenario, healthy_scenario
 from tests.monitor.alerting.test_sinks import Receiver
 
 

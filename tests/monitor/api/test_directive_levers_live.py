@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 from contracts.directive import APPLIED_VERSION_METRIC
 from contracts.wire import encode_float
+from lldmon_lab.scenarios import collapse_scenario
 from monitor.cli import app
-from monitor.detector.scenarios import collapse_scenario
 from tests.conftest import live_server_on
 from tests.live_server import LiveServer
 from trainer_hooks.client import Levers, MonitorClient

@@ -8,8 +8,8 @@ import re
 from fastapi.testclient import TestClient
 
 from contracts.wire import API_PREFIX
+from lldmon_lab.scenarios import collapse_scenario
 from monitor.api.app import create_app
-from monitor.detector.scenarios import collapse_scenario
 from tests.monitor.api.test_detection_flow import stream
 
 

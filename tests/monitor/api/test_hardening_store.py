@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 
 from contracts import metrics as M
 from contracts.wire import API_PREFIX, encode_float
+from lldmon_lab.scenarios import collapse_scenario
 from monitor.cli import app as cli_app
 from monitor.db.models import Run
-from monitor.detector.scenarios import collapse_scenario
 from monitor.services.runs import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH
 from monitor.store.runs import TOO_DEEP, UNREADABLE
 from tests.monitor.api.helpers import action_batch, history, metrics_batch, new_run

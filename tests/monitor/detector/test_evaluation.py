@@ -9,9 +9,7 @@ import numpy as np
 import pytest
 
 from contracts import metrics as M
-from monitor.detector import ADVANTAGE_COLLAPSE, TRAINING_COLLAPSE, DetectorConfig
-from monitor.detector.scenarios import collapse_scenario, healthy_scenario, scenario_suite
-from monitor.evaluation import (
+from lldmon_lab.evaluation import (
     DELAY_TARGET,
     LEAD_TARGET,
     SOURCE_GENERATED,
@@ -25,6 +23,8 @@ from monitor.evaluation import (
     real_runs,
     render,
 )
+from lldmon_lab.scenarios import collapse_scenario, healthy_scenario, scenario_suite
+from monitor.detector import ADVANTAGE_COLLAPSE, TRAINING_COLLAPSE, DetectorConfig
 
 REAL = Path(__file__).resolve().parents[3].parent / "shared/datasets/real_runs"
 FIRST_BATCH = (

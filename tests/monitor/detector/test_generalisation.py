@@ -12,6 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contracts import metrics as M
+from lldmon_lab.eval_harder import affine
+from lldmon_lab.evaluation import LabelledRun, found_runs, run_config
+from lldmon_lab.lab.fixtures import read_fixture
+from lldmon_lab.scenarios import collapse_scenario, noisy_stagnant_scenario
 from monitor.detector import (
     COLLAPSE,
     ENTROPY_RISE,
@@ -23,10 +27,6 @@ from monitor.detector import (
     OfflineResult,
     detect_offline,
 )
-from monitor.detector.scenarios import collapse_scenario, noisy_stagnant_scenario
-from monitor.eval_harder import affine
-from monitor.evaluation import LabelledRun, found_runs, run_config
-from monitor.lab.fixtures import read_fixture
 
 LAB = Path(__file__).resolve().parents[2] / "fixtures" / "lab"
 CFG = DetectorConfig()

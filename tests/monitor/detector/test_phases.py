@@ -13,6 +13,10 @@ import numpy as np
 import pytest
 
 from contracts import metrics as M
+from lldmon_lab.lab.fixtures import read_fixture
+from lldmon_lab.labels import collapse_step
+from lldmon_lab.replay import thin
+from lldmon_lab.scenarios import Scenario, collapse_scenario, noisy_stagnant_scenario
 from monitor.detector import (
     ADVANTAGE_COLLAPSE,
     CLIP_RATIO_SATURATED,
@@ -45,11 +49,7 @@ from monitor.detector import (
     update,
 )
 from monitor.detector import config as config_module
-from monitor.detector.labels import collapse_step
-from monitor.detector.replay import thin
-from monitor.detector.scenarios import Scenario, collapse_scenario, noisy_stagnant_scenario
 from monitor.detector.signals import History
-from monitor.lab.fixtures import read_fixture
 
 LAB_FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "lab"
 

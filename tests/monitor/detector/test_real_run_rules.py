@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 
 from contracts import metrics as M
+from lldmon_lab.labels import collapse_step
+from lldmon_lab.replay import thin
+from lldmon_lab.scenarios import collapse_scenario, healthy_scenario, noisy_stagnant_scenario
 from monitor.detector import (
     COLLAPSE,
     DEAD_RUN,
@@ -25,9 +28,6 @@ from monitor.detector import (
     OfflineResult,
     detect_offline,
 )
-from monitor.detector.labels import collapse_step
-from monitor.detector.replay import thin
-from monitor.detector.scenarios import collapse_scenario, healthy_scenario, noisy_stagnant_scenario
 
 CFG = DetectorConfig(
     reward_floor=0.0

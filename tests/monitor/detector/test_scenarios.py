@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from contracts import metrics as M
-from monitor.detector.labels import collapse_step
-from monitor.detector.scenarios import (
+from lldmon_lab.labels import collapse_step
+from lldmon_lab.scenarios import (
     HOOK_ONLY_METRICS,
     collapse_scenario,
     healthy_scenario,

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from monitor.detector.scenarios import Scenario
+from lldmon_lab.scenarios import Scenario
 from monitor.importers import VERL_NAMES
 
 REAL = Path(__file__).resolve().parents[3].parent / "shared/datasets/real_runs"

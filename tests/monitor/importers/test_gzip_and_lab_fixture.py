@@ -16,9 +16,9 @@ from sqlalchemy import create_engine, text
 from typer.testing import CliRunner
 
 from contracts import metrics as M
+from lldmon_lab.lab.fixtures import read_fixture
 from monitor.cli import app
 from monitor.importers import LAB_FIXTURE, LogImportError, ParsedLog, detect_format, load_log
-from monitor.lab.fixtures import read_fixture
 from tests.conftest import live_server_on
 from tests.monitor.importers.helpers import verl_line
 

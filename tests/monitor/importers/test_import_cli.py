@@ -10,9 +10,9 @@ from sqlalchemy import create_engine, text
 from typer.testing import CliRunner
 
 from contracts import metrics as M
+from lldmon_lab.scenarios import collapse_scenario
 from monitor.cli import app
 from monitor.detector import detect_offline
-from monitor.detector.scenarios import collapse_scenario
 from monitor.importers import load_verl_console, load_verl_jsonl
 from tests.monitor.importers.helpers import SEARCH_R1_GRPO, needs_real, scenario_jsonl
 

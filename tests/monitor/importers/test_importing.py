@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from contracts import metrics as M
+from lldmon_lab.scenarios import collapse_scenario
 from monitor.detector import detect_offline
-from monitor.detector.scenarios import collapse_scenario
 from monitor.domain import Principal
 from monitor.errors import Conflict, InvalidInput
 from monitor.importers import ParsedLog, load_verl_jsonl, to_columns

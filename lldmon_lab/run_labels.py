@@ -15,13 +15,13 @@ note = "PROVENANCE.md: ..."                         # where the label comes from
 `path` is one file or a list of files (the files of a resumed run, in the order written: a later file wins
 per step), each relative to the real-runs root (`lldmon eval --real-runs DIR`; without it, the folder of the
 labels file) or absolute. `collapses = false` marks a control. Without `collapse_step` a collapsing run is
-labelled with the one collapse rule (`monitor.detector.labels.collapse_step`) on its imported `reward/mean`;
+labelled with the one collapse rule (`lldmon_lab.labels.collapse_step`) on its imported `reward/mean`;
 a run the rule finds no collapse in must then give `collapse_step`. Every field is checked; a mistake is a
 `LabelsError` naming the file, the entry (number and name) and the field. Unknown fields are refused (a
 misspelt `colapses` would otherwise silently make a control).
 
 The repo's labels of ../shared/datasets/real_runs ship as package data: `DEFAULT_LABELS`.
-Pure apart from reading the labels file (the logs are read by `monitor.evaluation`).
+Pure apart from reading the labels file (the logs are read by `lldmon_lab.evaluation`).
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ RULE: Final = f"sustained-collapse(window={WINDOW},fraction={COLLAPSE_FRACTION},
 RULE_TEXT: Final = (
     f"labelled collapse step: the first step after which the reward's {WINDOW}-step trailing mean stays "
     f"below {COLLAPSE_FRACTION:.0%} of its running peak until the end of the run, if that peak was "
-    f">= {MIN_PEAK} and the run lasted >= {MIN_AFTER} steps past it (monitor/detector/labels.py)"
+    f">= {MIN_PEAK} and the run lasted >= {MIN_AFTER} steps past it (lldmon_lab/labels.py)"
 )
 
 
@@ -84,7 +84,7 @@ controls spans 24 steps, on the generated controls 14)."""
 DAMAGE_RULE_TEXT: Final = (
     f"damaged (not a collapse, not a control): the reward's {WINDOW}-step trailing mean stayed below "
     f"{DAMAGE_FRACTION:.0%} of its running peak (>= {MIN_PEAK}) for >= {DAMAGE_STEPS} consecutive steps "
-    "(monitor/detector/labels.py)"
+    "(lldmon_lab/labels.py)"
 )
 
 COLLAPSE: Final = "collapse"

@@ -7,8 +7,8 @@ every control is also judged
   the run declares moves with it),
 - shuffled in blocks of `BLOCK_STEPS` steps (the same values, every metric moved together, in another
   order: the run's local texture with none of its history),
-- thinned to one value per `THIN_EVERY` steps (TRL's default `logging_steps`; `monitor.detector.replay`),
-and the budget is counted over all of them (`monitor.evaluation` scores the collapses). Pure apart from
+- thinned to one value per `THIN_EVERY` steps (TRL's default `logging_steps`; `lldmon_lab.replay`),
+and the budget is counted over all of them (`lldmon_lab.evaluation` scores the collapses). Pure apart from
 the detector.
 """
 
@@ -22,9 +22,9 @@ import numpy as np
 import numpy.typing as npt
 
 from contracts import metrics as M
+from lldmon_lab.evaluation import LabelledRun, run_config, severity_of
+from lldmon_lab.replay import thin
 from monitor.detector import DetectorConfig, detect_offline
-from monitor.detector.replay import thin
-from monitor.evaluation import LabelledRun, run_config, severity_of
 
 AFFINE: Final = ((3.0, -1.0), (0.5, 2.0), (10.0, -5.0))
 """(a, b) of the reward changes of units: a signed reward, a shifted one, a wide one."""

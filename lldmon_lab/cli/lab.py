@@ -1,4 +1,4 @@
-"""`lldmon lab`: run, resume and summarise a collapse lab (registered in `monitor.cli`)."""
+"""`lldmon lab`: run, resume and summarise a collapse lab (an `lldmon.commands` entry point)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ _LIST = "comma-separated; 'default' = the script's default"
 
 
 def _opt(text: str | None, kind: type[int] | type[float] | type[str]) -> list[Any] | None:
-    from monitor.lab.grid import parse_list
+    from lldmon_lab.lab.grid import parse_list
 
     return None if text is None else parse_list(text, kind)
 
@@ -35,7 +35,7 @@ def lab_run(
     out: Annotated[Path, typer.Option("--out", help="Lab directory: runs, logs, service DB, summary.")],
     preset: Annotated[
         str | None,
-        typer.Option(help="Named grid (monitor/lab/grid.py PRESETS): quick, healthy, late, early."),
+        typer.Option(help="Named grid (lldmon_lab/lab/grid.py PRESETS): quick, healthy, late, early."),
     ] = None,
     quick: Annotated[bool, typer.Option(help="Smoke test: the `quick` preset (2 short runs).")] = False,
     grid: Annotated[
@@ -89,8 +89,8 @@ def lab_run(
     dry_run: Annotated[bool, typer.Option(help="Print the runs and their commands; run nothing.")] = False,
 ) -> None:
     """Run a grid of seeds x settings (or resume it: finished runs in OUT are skipped)."""
-    from monitor.lab.grid import GridError, expand, load_grid_file, resolve_grid
-    from monitor.lab.runner import LabError, LabOptions, default_jobs, run_lab
+    from lldmon_lab.lab.grid import GridError, expand, load_grid_file, resolve_grid
+    from lldmon_lab.lab.runner import LabError, LabOptions, default_jobs, run_lab
 
     if quick and preset not in (None, "quick"):
         console.print("[red]error:[/red] --quick is the `quick` preset; pass one of them")
@@ -162,8 +162,8 @@ def lab_summary(
 
     Relabels old runs with the current rule; needs no service.
     """
-    from monitor.lab.results import read_records
-    from monitor.lab.runner import write_summary
+    from lldmon_lab.lab.results import read_records
+    from lldmon_lab.lab.runner import write_summary
 
     records = read_records(out / "runs")
     if not records:
@@ -184,8 +184,8 @@ def lab_summary(
 
 @lab_app.command("presets")
 def lab_presets() -> None:
-    """Print the named grids (edit monitor/lab/grid.py PRESETS to change them)."""
-    from monitor.lab.grid import PRESETS
+    """Print the named grids (edit lldmon_lab/lab/grid.py PRESETS to change them)."""
+    from lldmon_lab.lab.grid import PRESETS
 
     typer.echo(json.dumps(PRESETS, indent=2))
 

@@ -4,7 +4,7 @@ What it runs, in this order:
 
 1. `lldmon serve` on the embedded SQLite of a data directory (a subprocess), and prints the dashboard
    and API docs URLs.
-2. A replay thread: `monitor.detector.scenarios.collapse_scenario(seed)`, a labelled synthetic GRPO run
+2. A replay thread: `lldmon_lab.scenarios.collapse_scenario(seed)`, a labelled synthetic GRPO run
    that goes through the three LLD phases and collapses, is posted through the HTTP API into a second
    run (policy `auto`) in batches, a few hundred steps per second. The detector's phase events, alerts
    and the LLDS directive it switches on are visible within seconds.
@@ -22,7 +22,7 @@ When the replay and the training are over, the dashboard stays up until Ctrl-C i
 terminal (stdin and stdout are TTYs: a person followed the printed link and is looking at it), and
 closes at once otherwise (CI, tests, a pipe), as said when it starts; `keep_serving` decides explicitly.
 
-`monitor` never imports torch or trainer_hooks: the training runs as a separate process, from the
+`lldmon_lab` never imports torch or trainer_hooks: the training runs as a separate process, from the
 `examples/` directory of the source checkout (the project installed in editable mode).
 """
 
@@ -309,7 +309,7 @@ class Replay:
             self.done.set()
 
     def _replay(self) -> None:
-        from monitor.detector.scenarios import collapse_scenario
+        from lldmon_lab.scenarios import collapse_scenario
 
         scenario = collapse_scenario(self.seed)
         steps = [int(s) for s in scenario.steps.tolist()]
@@ -323,7 +323,7 @@ class Replay:
                     "name": self.name,
                     "project": PROJECT,
                     "config": {
-                        "source": "monitor.detector.scenarios.collapse_scenario",
+                        "source": "lldmon_lab.scenarios.collapse_scenario",
                         "seed": self.seed,
                         "synthetic": True,
                         "label_collapse_step": scenario.collapse_step,

@@ -1,12 +1,12 @@
 """Runs a lab: the grid's training runs in parallel, each streaming to one lldmon service.
 
 - The service: `lldmon serve` on the embedded SQLite of `DIR/lldmon` (a subprocess, as `lldmon demo`
-  starts it; `monitor.demo.Server`), or an existing one (`lldmon_url`). Its database is kept, so a
+  starts it; `lldmon_lab.demo.Server`), or an existing one (`lldmon_url`). Its database is kept, so a
   resumed lab adds to it and `lldmon serve --data-dir DIR/lldmon` shows every run afterwards.
-- The runs: `examples/search_r1_grpo.py` as subprocesses of this Python (never imported: `monitor`
+- The runs: `examples/search_r1_grpo.py` as subprocesses of this Python (never imported: `lldmon_lab`
   does not import torch), at most `jobs` at a time, each with `--threads` torch threads, a unique run
   name in the lab's project (the setting's key and seed, `-r2`, `-r3`, ... if the service has that name
-  already, e.g. from an interrupted attempt) and the policy of its LLDS mode (`monitor.lab.grid`).
+  already, e.g. from an interrupted attempt) and the policy of its LLDS mode (`lldmon_lab.lab.grid`).
   Output: `DIR/logs/<run name>.log`, TRL's output and the client spool under `DIR/work/<run name>/`.
 - Progress: polled from the service's API (step, reward, phase, directive), shown as a live table on a
   terminal, one line per start and end otherwise.
@@ -44,9 +44,8 @@ from rich.table import Table
 
 from contracts import metrics as M
 from lldmon_client import Session
-from monitor.detector.labels import collapse_step, trailing_means
-from monitor.lab.grid import RunSpec
-from monitor.lab.results import (
+from lldmon_lab.lab.grid import RunSpec
+from lldmon_lab.lab.results import (
     FINISHED,
     TASK_SUCCESS,
     analyse,
@@ -55,6 +54,7 @@ from monitor.lab.results import (
     render_markdown,
     summary_payload,
 )
+from lldmon_lab.labels import collapse_step, trailing_means
 
 __all__ = ["LabError", "LabOptions", "LabReport", "default_jobs", "run_lab", "write_summary"]
 
@@ -110,7 +110,7 @@ class LabReport:
 class _Active:
     spec: RunSpec
     name: str
-    training: Any  # monitor.demo.Training
+    training: Any  # lldmon_lab.demo.Training
     started: float
     run_id: int | None = None
     last_step: int | None = None
@@ -397,7 +397,7 @@ class _Lab:
         return command
 
     def _start(self, spec: RunSpec, api: _Api, url: str, script: Path) -> None:
-        from monitor.demo import Training
+        from lldmon_lab.demo import Training
 
         name = api.unique_name(spec.key)
         log_path = self.out / "logs" / f"{name}.log"
@@ -511,7 +511,7 @@ class _Lab:
             self._summary()
             self.report.seconds = time.monotonic() - self.started
             return self.report
-        from monitor.demo import DemoError, examples_script, missing_training_packages
+        from lldmon_lab.demo import DemoError, examples_script, missing_training_packages
 
         missing = missing_training_packages()
         if missing:
@@ -541,7 +541,7 @@ class _Lab:
         if self.o.lldmon_url:
             yield self.o.lldmon_url.rstrip("/")
             return
-        from monitor.demo import DemoError, Server
+        from lldmon_lab.demo import DemoError, Server
 
         data_dir = self.out / "lldmon"
         data_dir.mkdir(parents=True, exist_ok=True)

@@ -39,7 +39,7 @@ def demo(
     """One-command demo: the service, a real TRL GRPO search agent on CPU and a replayed collapse."""
     from rich.markup import escape
 
-    from monitor.demo import DemoError, DemoOptions, run_demo
+    from lldmon_lab.demo import DemoError, DemoOptions, run_demo
 
     options = DemoOptions(
         data_dir=data_dir,

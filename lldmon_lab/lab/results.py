@@ -8,7 +8,7 @@ data by `analyse`, so changing the rule relabels old runs (`lldmon lab summary D
 
 Derived per run, from the labelled series (`label_metric`: the reward, or the task success for a run
 whose reward design is not `exact`):
-- `collapse_step`: `monitor.detector.labels.collapse_step` of that series (the one collapse rule);
+- `collapse_step`: `lldmon_lab.labels.collapse_step` of that series (the one collapse rule);
 - `first_alert` (and its kind): the smallest `first_step` of any lldmon alert;
 - `first_decay`: the first phase event into `decay` or `collapse`; `first_collapse_phase`: into
   `collapse` (phase III);
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from contracts import metrics as M
-from monitor.detector.labels import RULE_TEXT, collapse_step, trailing_means
+from lldmon_lab.labels import RULE_TEXT, collapse_step, trailing_means
 
 __all__ = [
     "RULE_TEXT",

@@ -75,8 +75,7 @@ def evaluate_detector(
     finding on controls) and the runs that miss them."""
     from rich.markup import escape
 
-    from monitor.detector.scenarios import scenario_suite
-    from monitor.evaluation import (
+    from lldmon_lab.evaluation import (
         FOUND_LABELS,
         SOURCES,
         LabelledRun,
@@ -85,8 +84,9 @@ def evaluate_detector(
         labelled_runs,
         render,
     )
-    from monitor.lab.fixtures import FixtureError, default_fixture_dir, load_fixtures
-    from monitor.run_labels import DEFAULT_LABELS, LabelsError
+    from lldmon_lab.lab.fixtures import FixtureError, default_fixture_dir, load_fixtures
+    from lldmon_lab.run_labels import DEFAULT_LABELS, LabelsError
+    from lldmon_lab.scenarios import scenario_suite
 
     gate_text = gate if gate is not None else DEFAULT_GATE
     enforce = check or gate is not None
@@ -144,7 +144,7 @@ def evaluate_detector(
         typer.echo("scale-free: every run judged without a declared reward floor")
     typer.echo(render(report, per_run=per_run))
     if harder:
-        from monitor.eval_harder import budgets, judge, render_budgets
+        from lldmon_lab.eval_harder import budgets, judge, render_budgets
 
         healthy = [r for r in runs if r.control]
         with console.status(f"replaying {len(healthy)} controls 6 ways"):

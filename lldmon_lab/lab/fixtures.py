@@ -12,12 +12,12 @@ Format: one gzip JSONL file per run, `<key>.jsonl.gz`, strict JSON (non-finite v
   the hooks sent at that step (TRL's scalars, `lld/*`, `llds/*`, ...), exactly as the example script's
   `--metrics-jsonl` wrote them.
 
-The label is `monitor.detector.labels.collapse_step` (the one collapse rule) of one series of the step
+The label is `lldmon_lab.labels.collapse_step` (the one collapse rule) of one series of the step
 lines, recomputed by `export`: `reward/mean`, or, for a run whose reward design (`settings.reward_design`,
 the script's `--reward-design`) is not `exact`, the task's success `rewards/exact_match/mean` where the
-run logged it (`monitor.lab.results.label_metric`, which says why). A label on the task success names
+run logged it (`lldmon_lab.lab.results.label_metric`, which says why). A label on the task success names
 it in `"series"`; a label without `"series"` is on `reward/mean` (every fixture made before reward
-designs, unchanged). `load_fixtures` returns the runs as `monitor.evaluation.LabelledRun`s with source
+designs, unchanged). `load_fixtures` returns the runs as `lldmon_lab.evaluation.LabelledRun`s with source
 "lab"; the detector sees every metric, the optimised reward under `reward/mean` as always.
 
 Reading a fixture is `monitor.importers.lab_fixture`'s (the same reader `lldmon import` uses for
@@ -27,7 +27,7 @@ The fixtures of the repository live in `tests/fixtures/lab/` (test data of a sou
 third-party logs in ../shared/datasets: not shipped in the wheel); `lldmon eval` finds them there in a
 checkout (`--lab DIR` elsewhere). Export from a lab directory::
 
-    python -m monitor.lab.fixtures export LABDIR --out tests/fixtures/lab [--runs KEY1,KEY2]
+    python -m lldmon_lab.lab.fixtures export LABDIR --out tests/fixtures/lab [--runs KEY1,KEY2]
 """
 
 from __future__ import annotations
@@ -47,11 +47,11 @@ from typing import Any, Final
 import numpy as np
 
 from contracts import metrics as M
-from monitor.detector.labels import RULE, collapse_step
-from monitor.evaluation import SOURCE_LAB, LabelledRun, is_damaged
+from lldmon_lab.evaluation import SOURCE_LAB, LabelledRun, is_damaged
+from lldmon_lab.lab.grid import REWARD_FLOORS
+from lldmon_lab.lab.results import FINISHED, TASK_SUCCESS, analyse, label_metric, read_records
+from lldmon_lab.labels import RULE, collapse_step
 from monitor.importers.lab_fixture import FORMAT, SUFFIX, FixtureError, read_lab_run, step_line
-from monitor.lab.grid import REWARD_FLOORS
-from monitor.lab.results import FINISHED, TASK_SUCCESS, analyse, label_metric, read_records
 
 __all__ = [
     "FORMAT",
@@ -81,7 +81,7 @@ class RecordedRun:
         return [s for s, _ in pairs], [v for _, v in pairs]
 
     def to_labelled_run(self) -> LabelledRun:
-        """The run for `monitor.evaluation`: every metric as a column (NaN where not logged), `present`
+        """The run for `lldmon_lab.evaluation`: every metric as a column (NaN where not logged), `present`
         True where a value was logged (NaN included), the header's label and group, source "lab"."""
         label = self.header["label"]
         settings = self.header.get("settings") or {}
@@ -290,7 +290,7 @@ def write_csv(run: RecordedRun, out: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m monitor.lab.fixtures", description="Recorded lab runs as gzip JSONL fixtures."
+        prog="python -m lldmon_lab.lab.fixtures", description="Recorded lab runs as gzip JSONL fixtures."
     )
     sub = parser.add_subparsers(dest="command", required=True)
     exp = sub.add_parser("export", help="write one fixture per finished run of a lab directory")

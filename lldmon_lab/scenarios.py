@@ -30,7 +30,7 @@ from typing import Final, Literal
 import numpy as np
 
 from contracts import metrics as M
-from monitor.detector.labels import collapse_step
+from lldmon_lab.labels import collapse_step
 from monitor.detector.stats import FloatArray, IntArray
 from monitor.detector.types import BoolArray
 

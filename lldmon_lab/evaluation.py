@@ -1,17 +1,17 @@
 """Evaluation harness: run `detect_offline` over labelled runs and score it, per source of runs.
 
-Sources: "generated" (`monitor.detector.scenarios`, written here to the detector's idea of the phases),
-"lab" (recorded runs of the collapse lab, `monitor.lab.fixtures`: real GRPO runs, every hook metric)
-and "third-party" (real trainer logs of others, labelled in a labels file, `monitor.run_labels`: the repo's
+Sources: "generated" (`lldmon_lab.scenarios`, written here to the detector's idea of the phases),
+"lab" (recorded runs of the collapse lab, `lldmon_lab.lab.fixtures`: real GRPO runs, every hook metric)
+and "third-party" (real trainer logs of others, labelled in a labels file, `lldmon_lab.run_labels`: the repo's
 `DEFAULT_LABELS` list every log in ../shared/datasets/real_runs, collapses and controls, without hook
 metrics). A score over all sources together would let the generated runs hide the others, so every summary
 and every target is per source.
 
 Per run, per source and per group of runs:
-- the label: given (scenarios, lab fixtures, labels file) or `monitor.detector.labels.collapse_step` (the
+- the label: given (scenarios, lab fixtures, labels file) or `lldmon_lab.labels.collapse_step` (the
   one collapse rule: the first step after which the reward's 10-step trailing mean stays below 20 % of its
   running peak until the end); a run that does not collapse is a control only when it is not damaged
-  (`monitor.detector.labels.longest_shortfall`: its trailing mean below half its running peak for 30
+  (`lldmon_lab.labels.longest_shortfall`: its trailing mean below half its running peak for 30
   steps or more). A damaged run owes no critical finding and a critical finding on it is no false alarm;
   the report counts them apart;
 - lead time: steps from the first decay / collapse finding to the labelled collapse; positive =
@@ -45,6 +45,16 @@ import numpy as np
 import numpy.typing as npt
 
 from contracts import metrics as M
+from lldmon_lab.labels import (
+    COLLAPSE,
+    DAMAGE_STEPS,
+    DAMAGED,
+    HEALTHY,
+    collapse_step,
+    longest_shortfall,
+)
+from lldmon_lab.run_labels import DEFAULT_LABELS, LabelsError, RunLabel, read_labels
+from lldmon_lab.scenarios import Scenario
 from monitor.detector import (
     COLLAPSE_WARNINGS,
     LLD_COLLAPSE,
@@ -55,17 +65,7 @@ from monitor.detector import (
     OfflineResult,
     detect_offline,
 )
-from monitor.detector.labels import (
-    COLLAPSE,
-    DAMAGE_STEPS,
-    DAMAGED,
-    HEALTHY,
-    collapse_step,
-    longest_shortfall,
-)
-from monitor.detector.scenarios import Scenario
 from monitor.importers import LogImportError, ParsedLog, load_log
-from monitor.run_labels import DEFAULT_LABELS, LabelsError, RunLabel, read_labels
 
 SOURCE_GENERATED = "generated"
 SOURCE_LAB = "lab"
@@ -110,7 +110,7 @@ def critical_deadline(label: int) -> int:
 
 
 def is_damaged(collapses: bool, steps: npt.ArrayLike, series: npt.ArrayLike | None) -> bool:
-    """The damaged label (`monitor.detector.labels`) of a run that does not collapse, on its label series
+    """The damaged label (`lldmon_lab.labels`) of a run that does not collapse, on its label series
     (`series`: its reward, or the task success a shaped reward is labelled on; None: not logged)."""
     if collapses or series is None:
         return False
@@ -242,7 +242,7 @@ class RunReport:
 
     @property
     def label(self) -> str:
-        """The three-way label: collapse, damaged or healthy (`monitor.detector.labels`)."""
+        """The three-way label: collapse, damaged or healthy (`lldmon_lab.labels`)."""
         return COLLAPSE if self.collapses else DAMAGED if self.damaged else HEALTHY
 
     @property
@@ -657,7 +657,7 @@ def render(report: EvaluationReport, per_run: bool = True) -> str:
             ],
         )
         lines.append("")
-    lines.append("score per source (crash: labelled collapse, monitor/detector/labels.py; alert: first")
+    lines.append("score per source (crash: labelled collapse, lldmon_lab/labels.py; alert: first")
     lines.append("lld_decay/lld_collapse finding; lead = crash - alert, > 0 caught before the collapse;")
     lines.append(
         f"critical<=deadline: a critical finding by crash + {CRITICAL_WITHIN} (by step {EARLY_DEADLINE} if crash"
@@ -776,7 +776,7 @@ class LabelledRuns:
 
 
 def labelled_run(label: RunLabel, source: str = SOURCE_THIRD_PARTY, group: str = "real") -> LabelledRun:
-    """One labels-file entry imported and labelled (`monitor.run_labels`). Raises `LabelsError` naming the
+    """One labels-file entry imported and labelled (`lldmon_lab.run_labels`). Raises `LabelsError` naming the
     entry when its log cannot be imported, when `collapse_step` is not a step of the run, or when it
     collapses without a `collapse_step` and the collapse rule finds none."""
     try:
@@ -789,7 +789,7 @@ def labelled_run(label: RunLabel, source: str = SOURCE_THIRD_PARTY, group: str =
         if step is None:
             raise LabelsError(
                 f"{label.where()}: field 'collapse_step': missing, and the collapse rule "
-                "(monitor/detector/labels.py) finds no collapse in its reward/mean; give collapse_step"
+                "(lldmon_lab/labels.py) finds no collapse in its reward/mean; give collapse_step"
             )
     elif step is not None and log.steps.size and not (log.steps[0] <= step <= log.steps[-1]):
         raise LabelsError(
