@@ -264,12 +264,14 @@ def test_committed_fixtures_are_scored_as_the_lab_source() -> None:
 
 
 def test_eval_command_prints_the_score_per_source(tmp_path: Path) -> None:
-    result = runner.invoke(app, ["eval", "--collapse", "1", "--controls", "1", "--lab", str(COMMITTED)])
+    result = runner.invoke(
+        app, ["eval", "--collapse", "1", "--controls", "1", "--no-found", "--lab", str(COMMITTED)]
+    )
     assert result.exit_code == 0, result.output
     assert f"lab: {len(_committed())} recorded runs" in result.output
     rows = {line.split()[0] for line in result.output.splitlines() if line.strip()}
     assert {"generated", "lab"} <= rows
-    no_lab = runner.invoke(app, ["eval", "--collapse", "1", "--controls", "1", "--no-lab"])
+    no_lab = runner.invoke(app, ["eval", "--collapse", "1", "--controls", "1", "--no-lab", "--no-found"])
     assert no_lab.exit_code == 0 and "\nlab " not in no_lab.output
     bad_gate = runner.invoke(app, ["eval", "--collapse", "1", "--controls", "0", "--gate", "nope"])
     assert bad_gate.exit_code == 2
