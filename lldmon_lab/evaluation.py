@@ -47,11 +47,11 @@ import numpy.typing as npt
 from contracts import metrics as M
 from lldmon_lab.labels import (
     COLLAPSE,
-    DAMAGE_STEPS,
+    DAMAGE_RULE_TEXT,
     DAMAGED,
     HEALTHY,
     collapse_step,
-    longest_shortfall,
+    lost_half,
 )
 from lldmon_lab.run_labels import DEFAULT_LABELS, LabelsError, RunLabel, read_labels
 from lldmon_lab.scenarios import Scenario
@@ -114,7 +114,7 @@ def is_damaged(collapses: bool, steps: npt.ArrayLike, series: npt.ArrayLike | No
     (`series`: its reward, or the task success a shaped reward is labelled on; None: not logged)."""
     if collapses or series is None:
         return False
-    return longest_shortfall(steps, series)[1] >= DAMAGE_STEPS
+    return lost_half(steps, series)
 
 
 def has_hook_metrics(
@@ -755,10 +755,7 @@ def render(report: EvaluationReport, per_run: bool = True) -> str:
             lines += [f"  {run}" for run in t.offending]
     damaged = [r for r in report.runs if r.damaged]
     if damaged:
-        lines.append(
-            f"damaged runs (neither collapses nor controls: below half their peak for >= {DAMAGE_STEPS} steps; "
-            "not scored):"
-        )
+        lines.append(f"{DAMAGE_RULE_TEXT}; these runs are not scored:")
         lines += [
             f"  [{r.source}] {r.name} (first critical {_at(r.first_critical, r.first_critical_kind)})"
             for r in damaged

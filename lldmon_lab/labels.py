@@ -53,6 +53,7 @@ __all__ = [
     "WINDOW",
     "collapse_step",
     "longest_shortfall",
+    "lost_half",
     "outcome",
     "trailing_means",
 ]
@@ -195,8 +196,13 @@ def longest_shortfall(
     return best_start, best
 
 
+def lost_half(steps: npt.ArrayLike, rewards: npt.ArrayLike) -> bool:
+    """The damaged rule's test (module docstring), for a run the collapse rule does not label."""
+    return longest_shortfall(steps, rewards)[1] >= DAMAGE_STEPS
+
+
 def outcome(steps: npt.ArrayLike, rewards: npt.ArrayLike) -> str:
     """`COLLAPSE`, `DAMAGED` or `HEALTHY` by the two rules (module docstring)."""
     if collapse_step(steps, rewards) is not None:
         return COLLAPSE
-    return DAMAGED if longest_shortfall(steps, rewards)[1] >= DAMAGE_STEPS else HEALTHY
+    return DAMAGED if lost_half(steps, rewards) else HEALTHY

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
+from sqlalchemy import Connection
 
 from contracts.action_pages import MAX_ACTION_READ, ActionCursor
 from monitor.domain import (
@@ -15,6 +16,7 @@ from monitor.domain import (
     PhaseEventInfo,
     Principal,
     RunContext,
+    RunInfo,
     RunSummary,
     Series,
 )
@@ -65,16 +67,17 @@ class QueryService:
         run = self.runs.get(principal, run_id)
         with self.db.read() as conn:
             n_steps, first_step, last_step = series_store.step_extent(conn, run_id)
+            drawn = _context(conn, run)
             return RunSummary(
                 run=run,
                 n_steps=n_steps,
                 first_step=first_step,
                 last_step=last_step,
                 metrics=series_store.last_values(conn, run_id),
-                phases=event_store.list_phase_events(conn, run_id),
-                alerts=alert_store.list_alerts(conn, run_id, None),
-                directives=event_store.directive_history(conn, run_id),
-                directive=event_store.current_directive(conn, run_id),
+                phases=drawn.phases,
+                alerts=drawn.alerts,
+                directives=drawn.directives,
+                directive=drawn.directive,
             )
 
     def context(self, principal: Principal, run_id: int) -> RunContext:
@@ -82,13 +85,7 @@ class QueryService:
         over the run's series."""
         run = self.runs.get(principal, run_id)
         with self.db.read() as conn:
-            return RunContext(
-                run=run,
-                phases=event_store.list_phase_events(conn, run_id),
-                alerts=alert_store.list_alerts(conn, run_id, None),
-                directives=event_store.directive_history(conn, run_id),
-                directive=event_store.current_directive(conn, run_id),
-            )
+            return _context(conn, run)
 
     def actions(
         self,
@@ -128,6 +125,17 @@ class QueryService:
         self.runs.get(principal, run_id)
         with self.db.read() as conn:
             return event_store.list_phase_events(conn, run_id)
+
+
+def _context(conn: Connection, run: RunInfo) -> RunContext:
+    """`run`'s phase events, alerts and directives, read on `conn`."""
+    return RunContext(
+        run=run,
+        phases=event_store.list_phase_events(conn, run.id),
+        alerts=alert_store.list_alerts(conn, run.id, None),
+        directives=event_store.directive_history(conn, run.id),
+        directive=event_store.current_directive(conn, run.id),
+    )
 
 
 def downsample(series: Series, max_points: int) -> Series:
