@@ -52,11 +52,11 @@ MAX_REASON_CHARS: Final = 2000
 """The longest reason a directive change may carry (it is shown in the dashboard, CLI and payloads)."""
 
 
-def directive_problem(llds_lambda: float | None = None, reason: str | None = None) -> tuple[str, str] | None:
+def directive_problem(lam: float | None = None, reason: str | None = None) -> tuple[str, str] | None:
     """(field, what is wrong) for a manual directive change a person asked for, None if it is fine: the
     one rule that the API, the local and remote CLI and the dashboard apply."""
-    if llds_lambda is not None and not (math.isfinite(llds_lambda) and 0 <= llds_lambda <= MAX_LLDS_LAMBDA):
-        return "lam", f"lambda must be a finite number in [0, {MAX_LLDS_LAMBDA:g}], got {llds_lambda!r}"
+    if lam is not None and not (math.isfinite(lam) and 0 <= lam <= MAX_LLDS_LAMBDA):
+        return "lam", f"lambda must be a finite number in [0, {MAX_LLDS_LAMBDA:g}], got {lam!r}"
     if reason is not None and len(reason) > MAX_REASON_CHARS:
         return "reason", f"the reason is {len(reason)} characters long; at most {MAX_REASON_CHARS}"
     if reason is not None and "\x00" in reason:
@@ -79,6 +79,10 @@ SOURCE_MANUAL: Final = "manual"
 class LLDSDirective:
     enabled: bool = False
     lam: float = DEFAULT_LLDS_LAMBDA
+
+    def to_wire(self) -> dict[str, object]:
+        """The wire shape of the LLDS switch (the `llds` of a directive, of PUT /directive's body)."""
+        return {"enabled": self.enabled, "lam": self.lam}
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,7 @@ class Directive:
     def to_wire(self) -> dict[str, object]:
         """The wire shape (what verl's directive file holds)."""
         return {
-            "llds": {"enabled": self.llds.enabled, "lam": self.llds.lam},
+            "llds": self.llds.to_wire(),
             "version": self.version,
             "reason": self.reason,
             "source": self.source,

@@ -176,13 +176,13 @@ def directive_markers(directives: Sequence[DirectiveInfo]) -> list[Marker]:
         Marker(
             step=d.step or 0,
             group="directive",
-            label=f"LLDS {'on' if d.llds_enabled else 'off'}",
-            color=DIRECTIVE_COLORS[d.llds_enabled],
+            label=f"LLDS {'on' if d.llds.enabled else 'off'}",
+            color=DIRECTIVE_COLORS[d.llds.enabled],
             symbol=MARKER_SYMBOLS["directive"],
             hover="<br>".join(
                 [
-                    f"<b>directive v{d.version}: LLDS {'on' if d.llds_enabled else 'off'}</b>"
-                    f" (λ={d.llds_lambda:g})",
+                    f"<b>directive v{d.version}: LLDS {'on' if d.llds.enabled else 'off'}</b>"
+                    f" (λ={d.llds.lam:g})",
                     f"source: {esc(d.source)}",
                     _wrap(d.reason),
                 ]

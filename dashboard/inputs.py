@@ -31,7 +31,7 @@ __all__ = [
     "action_step",
     "action_window",
     "directive_policy",
-    "llds_lambda",
+    "lam",
     "metric_name",
     "metric_names",
     "run_id",
@@ -113,19 +113,19 @@ _NUMBER: Final = TypeAdapter(float)
 """A number as the API's request bodies read one (lax: "0.3" is 0.3), bounds checked separately."""
 
 
-def llds_lambda(value: object) -> float:
+def lam(value: object) -> float:
     """The lambda box: empty means the default lambda; otherwise a number within the bounds every
     entry point applies (`contracts.directive.directive_problem`)."""
     if value is None or value == "":
         return DEFAULT_LLDS_LAMBDA
     try:
-        lam = _NUMBER.validate_python(value)
+        number = _NUMBER.validate_python(value)
     except ValidationError:
         raise InvalidInput(f"llds.lam: lambda must be a number, not {value!r}", field="llds.lam") from None
-    problem = directive_problem(llds_lambda=lam)
+    problem = directive_problem(lam=number)
     if problem is not None:
         raise InvalidInput(f"llds.{problem[0]}: {problem[1]}", field=f"llds.{problem[0]}")
-    return lam
+    return number
 
 
 def directive_policy(value: object) -> str:

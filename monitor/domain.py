@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from contracts.directive import DEFAULT_LLDS_LAMBDA
+from contracts.directive import Directive
 
 MAX_BIGINT: Final = 2**63 - 1
 """Largest value of a BIGINT column (steps, alert ids) and of SQLite's INTEGER: every id or step the
@@ -33,27 +33,16 @@ class RunInfo:
 
 
 @dataclass(frozen=True)
-class DirectiveInfo:
-    """What the trainer should do now. Version 0 is the implicit default (LLDS off)."""
+class DirectiveInfo(Directive):
+    """What the trainer should do now: the directive it is sent (`contracts.directive.Directive`, whose
+    `to_wire` is its body) plus what only the service knows of a version. Version 0 is the implicit
+    default (LLDS off). A subclass rather than a holder of one, so a version reads as the trainer's
+    directive does (`d.llds.lam`, `d.version`) and is one to `contracts.directive.parse_directive`."""
 
-    version: int = 0
-    llds_enabled: bool = False
-    llds_lambda: float = DEFAULT_LLDS_LAMBDA
-    reason: str = "default"
-    source: str = "default"
-    step: int | None = None
-    created_at: datetime | None = None
-    checkpoint: int = 0
-    """Id (version) of the latest checkpoint request; 0: none (contracts.directive)."""
-    stop: int = 0
-    """Id (version) of the standing stop request; 0: none."""
-    stop_reason: str = ""
-    stop_on_collapse: bool = False
+    updated_at: datetime | None = None
+    """When this version was made (None: the implicit default)."""
     llds_manual: bool = False
     """A person set LLDS in this or an earlier version: the detector leaves LLDS alone."""
-    applied_version: int = 0
-    """The highest version the run's trainer acknowledged (its `directive/applied_version` metric, as
-    judged when its batch was ingested: `IngestService`)."""
     applied_step: int | None = None
     """In a history: the first step at which the trainer acknowledged this version (None: not yet)."""
 

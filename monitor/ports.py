@@ -87,7 +87,7 @@ class DirectivesPort(Protocol):
         /,
         *,
         llds_enabled: bool | None = None,
-        llds_lambda: float | None = None,
+        lam: float | None = None,
         checkpoint: bool = False,
         stop: bool | None = None,
         stop_on_collapse: bool | None = None,

@@ -151,19 +151,17 @@ def render_summary(s: RunSummary, console: Console) -> None:
         for d in s.directives:
             table.add_row(
                 str(d.version),
-                _when(d.created_at),
+                _when(d.updated_at),
                 "" if d.step is None else str(d.step),
                 shown(d.source),
-                "on" if d.llds_enabled else "off",
-                f"{d.llds_lambda:g}",
+                "on" if d.llds.enabled else "off",
+                f"{d.llds.lam:g}",
                 shown(d.reason),
             )
         console.print(table)
     else:
         d = s.directive
-        console.print(
-            f"directive: default (LLDS {'on' if d.llds_enabled else 'off'}, lambda {d.llds_lambda:g})"
-        )
+        console.print(f"directive: default (LLDS {'on' if d.llds.enabled else 'off'}, lambda {d.llds.lam:g})")
 
 
 def format_value(value: float) -> str:
@@ -194,15 +192,8 @@ def _alert_json(a: AlertInfo) -> dict[str, Any]:
 
 
 def _directive_json(d: DirectiveInfo) -> dict[str, Any]:
-    return {
-        "version": d.version,
-        "llds_enabled": d.llds_enabled,
-        "llds_lambda": d.llds_lambda,
-        "source": d.source,
-        "reason": d.reason,
-        "step": d.step,
-        "created_at": _iso(d.created_at),
-    }
+    """The API's directive (`DirectiveOut`): its wire body plus when it was made and acknowledged."""
+    return {**d.to_wire(), "updated_at": _iso(d.updated_at), "applied_step": d.applied_step}
 
 
 def _n(count: int, noun: str) -> str:

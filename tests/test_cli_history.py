@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from contracts import metrics as M
 from monitor.alerting.rules import ActiveCondition
 from monitor.api.app import build_state
+from monitor.api.schemas import DirectiveOut
 from monitor.cli import app
 from monitor.config import Settings
 from monitor.detector.findings import LLD_DECAY
@@ -73,8 +74,8 @@ def seeded(db_url: str, tmp_path: Path) -> dict[str, Any]:
             conn, run.id, ActiveCondition(LLD_DECAY, "warning", 4, "logp_pos sliding", {}), now
         )
     state.alerts.acknowledge(Principal(), run.id, alert_id)
-    state.directives.set_manual(Principal(), run.id, llds_enabled=True, llds_lambda=0.2, reason="decay at 4")
-    state.directives.set_manual(Principal(), run.id, llds_enabled=False, llds_lambda=0.3, reason="recovered")
+    state.directives.set_manual(Principal(), run.id, llds_enabled=True, lam=0.2, reason="decay at 4")
+    state.directives.set_manual(Principal(), run.id, llds_enabled=False, lam=0.3, reason="recovered")
     state.db.dispose()
     return {"url": db_url, "run_id": run.id, "other_id": other.id, "alert_id": alert_id}
 
@@ -149,12 +150,14 @@ def test_runs_show_json(seeded: dict[str, Any]) -> None:
         True,
     )
     assert (alert["first_step"], alert["last_step"], alert["resolved_at"]) == (4, 4, None)
-    assert [
-        (d["version"], d["llds_enabled"], d["llds_lambda"], d["source"], d["reason"], d["step"])
-        for d in data["directives"]
-    ] == [(1, True, 0.2, "manual", "decay at 4", 5), (2, False, 0.3, "manual", "recovered", 5)]
+    assert [(d["version"], d["llds"], d["source"], d["reason"], d["step"]) for d in data["directives"]] == [
+        (1, {"enabled": True, "lam": 0.2}, "manual", "decay at 4", 5),
+        (2, {"enabled": False, "lam": 0.3}, "manual", "recovered", 5),
+    ]
     assert data["directive"]["version"] == 2
-    assert datetime.fromisoformat(data["directives"][0]["created_at"]).year >= 2024
+    assert datetime.fromisoformat(data["directives"][0]["updated_at"]).year >= 2024
+    # a directive reads as the API shows it (GET /directive, `lldmon directive --json`)
+    assert all(set(d) == set(DirectiveOut.model_fields) for d in [data["directive"], *data["directives"]])
 
 
 def test_runs_show_errors(seeded: dict[str, Any]) -> None:

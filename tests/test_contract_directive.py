@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from datetime import datetime, timezone
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from contracts.directive import DEFAULT_LLDS_LAMBDA, Directive, LLDSDirective, parse_directive
+from contracts.directive import DEFAULT_LLDS_LAMBDA, SOURCE_MANUAL, Directive, LLDSDirective, parse_directive
 
 
 def test_default_lambda_is_the_papers() -> None:
@@ -86,4 +87,35 @@ def test_the_service_side_uses_the_contract() -> None:
     assert DirectiveRule().lam == DEFAULT_LLDS_LAMBDA
     assert LLDSIn(enabled=True).lam == DEFAULT_LLDS_LAMBDA
     assert Settings.model_fields["llds_lambda"].default == DEFAULT_LLDS_LAMBDA
-    assert DirectiveInfo.__dataclass_fields__["llds_lambda"].default == DEFAULT_LLDS_LAMBDA
+    assert DirectiveInfo().llds.lam == DEFAULT_LLDS_LAMBDA
+
+
+def test_the_api_shows_the_wire_body() -> None:
+    """A service directive is the contract's; the API's (`DirectiveOut`) is its wire body plus when the
+    version was made and acknowledged, so a trainer reading either gets the same directive."""
+    from monitor.api.schemas import DirectiveOut
+    from monitor.domain import DirectiveInfo
+
+    made = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    d = DirectiveInfo(
+        llds=LLDSDirective(True, 0.3),
+        version=3,
+        reason="r",
+        source=SOURCE_MANUAL,
+        step=9,
+        checkpoint=3,
+        stop=2,
+        stop_reason="s",
+        stop_on_collapse=True,
+        applied_version=2,
+        updated_at=made,
+        llds_manual=True,
+        applied_step=11,
+    )
+    assert parse_directive(d) is d
+    assert set(DirectiveOut.model_fields) == {*d.to_wire(), "updated_at", "applied_step"}
+    body = DirectiveOut.of(d).model_dump(mode="json")
+    assert {k: body[k] for k in d.to_wire()} == d.to_wire()
+    assert (datetime.fromisoformat(body["updated_at"]), body["applied_step"]) == (made, 11)
+    parsed = parse_directive(body)
+    assert parsed is not None and parsed.to_wire() == d.to_wire()

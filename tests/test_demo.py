@@ -99,7 +99,7 @@ def test_demo_lands_real_training_and_detector_decisions(quick_demo: tuple[Path,
         kinds = {a.kind for a in state.alerts.list(who, replay.id, None)}
         assert kinds, "no alert on the replayed collapse"
         directive = state.directives.current(who, replay.id)
-        assert directive.llds_enabled and directive.source == "detector"
+        assert directive.llds.enabled and directive.source == "detector"
         assert replay.directive_policy == "auto"
     finally:
         state.db.dispose()

@@ -40,13 +40,13 @@ def set_llds(
             principal,
             inputs.run_id(run_id),
             llds_enabled=enabled,
-            llds_lambda=inputs.llds_lambda(lam),
+            lam=inputs.lam(lam),
             reason=f"dashboard: LLDS switched {'on' if enabled else 'off'} by hand",
         )
     except LLDMonError as exc:
         return error_text(exc), False
-    state = "on" if directive.llds_enabled else "off"
-    return f"LLDS {state} (λ={directive.llds_lambda:g}), directive v{directive.version}", True
+    state = "on" if directive.llds.enabled else "off"
+    return f"LLDS {state} (λ={directive.llds.lam:g}), directive v{directive.version}", True
 
 
 def set_lever(ctx: DashContext, principal: Principal, run_id: int, action: str) -> tuple[str, bool]:
@@ -102,7 +102,7 @@ def _what(action: str, lam: object, policy: object) -> str:
         return "stop its training (the trainer saves a checkpoint, then ends)"
     if action == "stop-on-collapse":
         return "change whether it stops on collapse"
-    return f"switch LLDS {'on' if action == 'llds-on' else 'off'} (λ={inputs.llds_lambda(lam):g})"
+    return f"switch LLDS {'on' if action == 'llds-on' else 'off'} (λ={inputs.lam(lam):g})"
 
 
 def apply_action(
@@ -162,7 +162,7 @@ def register(app: Dash, ctx: DashContext) -> None:
         Input("stop-now", "n_clicks"),
         Input("stop-on-collapse", "n_clicks"),
         Input("directive-confirm", "submit_n_clicks"),
-        State("llds-lambda", "value"),
+        State("llds-lam", "value"),
         State("policy", "value"),
         State("run-id", "data"),
         State("directive-pending", "data"),

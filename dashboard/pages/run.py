@@ -127,12 +127,12 @@ def header_children(run: RunInfo) -> list[Component]:
 
 
 def directive_status(directive: DirectiveInfo, policy: str) -> Component:
-    state = "on" if directive.llds_enabled else "off"
-    data_attrs: dict[str, Any] = {"data-enabled": str(directive.llds_enabled).lower()}
+    state = "on" if directive.llds.enabled else "off"
+    data_attrs: dict[str, Any] = {"data-enabled": str(directive.llds.enabled).lower()}
     return html.Div(
         [
             html.B(f"LLDS {state}", id="directive-llds", **data_attrs),
-            html.Span(f" λ={directive.llds_lambda:g} · directive v{directive.version} ({directive.source})"),
+            html.Span(f" λ={directive.llds.lam:g} · directive v{directive.version} ({directive.source})"),
             html.Span(f" · policy {policy}", id="directive-policy"),
             html.Div(lever_text(directive), id="directive-levers"),
             html.Div(directive.reason, className="muted"),
@@ -167,9 +167,9 @@ def directive_card(run: RunInfo, directive: DirectiveInfo, steer: bool) -> Compo
                 [
                     "λ ",
                     dcc.Input(
-                        id="llds-lambda",
+                        id="llds-lam",
                         type="number",
-                        value=directive.llds_lambda,
+                        value=directive.llds.lam,
                         min=0,
                         step=0.01,
                         style={"width": "150px"},  # the - and + steppers take ~65 px of it
@@ -365,7 +365,7 @@ def timeline_rows(ctx: RunContext) -> list[TimelineRow]:
         TimelineRow(
             d.step or 0,
             "directive",
-            f"v{d.version}: LLDS {'on' if d.llds_enabled else 'off'} λ={d.llds_lambda:g}"
+            f"v{d.version}: LLDS {'on' if d.llds.enabled else 'off'} λ={d.llds.lam:g}"
             + (f", checkpoint #{d.checkpoint}" if d.checkpoint == d.version else "")
             + (f", stop #{d.stop}" if d.stop == d.version else ""),
             f"{d.source}: {d.reason} · "

@@ -159,20 +159,9 @@ class DirectiveOut(BaseModel):
 
     @classmethod
     def of(cls, d: DirectiveInfo) -> DirectiveOut:
-        return cls(
-            version=d.version,
-            llds=LLDSState(enabled=d.llds_enabled, lam=d.llds_lambda),
-            reason=d.reason,
-            source=d.source,
-            step=d.step,
-            updated_at=d.created_at,
-            checkpoint=d.checkpoint,
-            stop=d.stop,
-            stop_reason=d.stop_reason,
-            stop_on_collapse=d.stop_on_collapse,
-            applied_version=d.applied_version,
-            applied_step=d.applied_step,
-        )
+        """The directive's wire body (`contracts.directive.Directive.to_wire`, what a trainer reads)
+        plus when the version was made and acknowledged."""
+        return cls.model_validate({**d.to_wire(), "updated_at": d.updated_at, "applied_step": d.applied_step})
 
 
 class LLDSIn(_Strict):

@@ -66,8 +66,8 @@ def directive(
             state.directives.set_manual(
                 Principal(),
                 run_id,
-                llds_enabled=(current.llds_enabled if llds is None else llds == "on") if sets_llds else None,
-                llds_lambda=(current.llds_lambda if lam is None else lam) if sets_llds else None,
+                llds_enabled=(current.llds.enabled if llds is None else llds == "on") if sets_llds else None,
+                lam=(current.llds.lam if lam is None else lam) if sets_llds else None,
                 checkpoint=checkpoint,
                 stop=stop,
                 stop_on_collapse=None if stop_on_collapse is None else stop_on_collapse == "on",
@@ -88,7 +88,7 @@ def directive(
     ]
     console.print(
         f"run {run_id}: policy {run_info.directive_policy}; directive v{current.version}: "
-        f"LLDS {'on' if current.llds_enabled else 'off'}, lambda {current.llds_lambda} "
+        f"LLDS {'on' if current.llds.enabled else 'off'}, lambda {current.llds.lam} "
         f"({printable(current.source)}: {printable(current.reason)}); {'; '.join(x for x in levers if x)}",
         markup=False,
         soft_wrap=True,

@@ -16,11 +16,13 @@ another shape means the URL is not an lldmon API (a dashboard URL, another serve
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import fields
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, TypeVar, overload
 
 import httpx
 
+from contracts.directive import Directive, LLDSDirective, parse_directive
 from contracts.wire import decode_float
 from lldmon_client import Reply, Session
 from lldmon_client.answers import json_body, non_json_kind, not_an_api_message
@@ -242,21 +244,13 @@ def run_of(body: dict[str, Any]) -> RunInfo:
 
 
 def directive_of(body: dict[str, Any]) -> DirectiveInfo:
-    return DirectiveInfo(
-        version=body["version"],
-        llds_enabled=body["llds"]["enabled"],
-        llds_lambda=body["llds"]["lam"],
-        reason=body["reason"],
-        source=body["source"],
-        step=body["step"],
-        created_at=parse_time(body["updated_at"]),
-        checkpoint=body["checkpoint"],
-        stop=body["stop"],
-        stop_reason=body["stop_reason"],
-        stop_on_collapse=body["stop_on_collapse"],
-        applied_version=body["applied_version"],
-        applied_step=body["applied_step"],
-    )
+    """The API's directive: its wire body, read by the parser the trainers use, plus when the version
+    was made and acknowledged."""
+    directive = parse_directive(body)
+    if directive is None:
+        raise ValueError("a directive was expected")
+    wire = {f.name: getattr(directive, f.name) for f in fields(Directive)}
+    return DirectiveInfo(**wire, updated_at=parse_time(body["updated_at"]), applied_step=body["applied_step"])
 
 
 def alert_of(run_id: int, body: dict[str, Any]) -> AlertInfo:
@@ -398,7 +392,7 @@ class RemoteDirectives:
         run_id: int,
         *,
         llds_enabled: bool | None = None,
-        llds_lambda: float | None = None,
+        lam: float | None = None,
         checkpoint: bool = False,
         stop: bool | None = None,
         stop_on_collapse: bool | None = None,
@@ -406,12 +400,12 @@ class RemoteDirectives:
     ) -> DirectiveInfo:
         """PUT /directive: what is left out keeps its value (as `DirectiveService.set_manual`)."""
         body: dict[str, Any] = {"reason": reason}
-        if llds_enabled is not None or llds_lambda is not None:
-            current = self.current(principal, run_id)
-            body["llds"] = {
-                "enabled": current.llds_enabled if llds_enabled is None else llds_enabled,
-                "lam": current.llds_lambda if llds_lambda is None else llds_lambda,
-            }
+        if llds_enabled is not None or lam is not None:
+            current = self.current(principal, run_id).llds
+            body["llds"] = LLDSDirective(
+                enabled=current.enabled if llds_enabled is None else llds_enabled,
+                lam=current.lam if lam is None else lam,
+            ).to_wire()
         if checkpoint:
             body["checkpoint"] = True
         if stop is not None:

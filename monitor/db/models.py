@@ -222,11 +222,13 @@ class Directive(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
     version: Mapped[int] = mapped_column(Integer)
     llds_enabled: Mapped[bool] = mapped_column(Boolean)
-    llds_lambda: Mapped[float] = mapped_column(Double)
+    llds_lam: Mapped[float] = mapped_column(Double)
     reason: Mapped[str] = mapped_column(Text, default="")
     source: Mapped[str] = mapped_column(String(16))
     step: Mapped[int | None] = mapped_column(BigInteger)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), server_default=_now())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), server_default=_now())
+    """When this version was made, i.e. when the run's directive last changed (its name on the API);
+    recording the version's acknowledgement (`applied_step`) leaves it as it is."""
     # the levers (revision 0006): request ids are the version that asked (0: none), carried forward
     checkpoint: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     stop: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from contracts.directive import DEFAULT_LLDS_LAMBDA
+from contracts.directive import DEFAULT_LLDS_LAMBDA, LLDSDirective
 from monitor.detector import COLLAPSE, DECAY
 from monitor.domain import DirectiveInfo
 
@@ -62,8 +62,7 @@ def _entered(phase: str, step: int) -> str:
 
 @dataclass(frozen=True)
 class DirectiveChange:
-    llds_enabled: bool
-    llds_lambda: float
+    llds: LLDSDirective
     causes: tuple[Cause, ...]
 
     @property
@@ -87,14 +86,16 @@ def decide(
         return None
     if phase not in SLIDING[rule.trigger_phase]:
         return None
-    if not current.llds_enabled:
+    if not current.llds.enabled:
         entered_at = phase_since if phase_since is not None else step
         cause = Cause("auto", _entered(phase, entered_at), f"LLDS on, lambda {rule.lam}")
-        return DirectiveChange(True, rule.lam, (cause,))
+        return DirectiveChange(LLDSDirective(True, rule.lam), (cause,))
     since = current.step if current.step is not None else step
-    if current.llds_lambda < rule.lam_max and step - since >= rule.escalate_after:
+    if current.llds.lam < rule.lam_max and step - since >= rule.escalate_after:
         event = f"still in {phase} {step - since} steps after LLDS was switched on"
-        return DirectiveChange(True, rule.lam_max, (Cause("auto", event, f"lambda {rule.lam_max}"),))
+        return DirectiveChange(
+            LLDSDirective(True, rule.lam_max), (Cause("auto", event, f"lambda {rule.lam_max}"),)
+        )
     return None
 
 

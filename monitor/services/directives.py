@@ -52,7 +52,7 @@ class DirectiveService:
         run_id: int,
         *,
         llds_enabled: bool | None = None,
-        llds_lambda: float | None = None,
+        lam: float | None = None,
         checkpoint: bool = False,
         stop: bool | None = None,
         stop_on_collapse: bool | None = None,
@@ -61,10 +61,10 @@ class DirectiveService:
         """Manual change by a user, recorded as a new directive version with its reason: switch LLDS,
         request a checkpoint (`checkpoint=True`), request or withdraw a stop, opt in or out of
         stop-on-collapse. What is left None keeps its value."""
-        problem = directive_problem(llds_lambda, reason)
+        problem = directive_problem(lam, reason)
         if problem is not None:
             raise InvalidInput(problem[1], field=problem[0])
-        sets_llds = llds_enabled is not None or llds_lambda is not None
+        sets_llds = llds_enabled is not None or lam is not None
         if not (sets_llds or checkpoint or stop is not None or stop_on_collapse is not None):
             raise InvalidInput("nothing to change: give llds, checkpoint, stop or stop_on_collapse")
         run = self.runs.get(principal, run_id)
@@ -83,7 +83,7 @@ class DirectiveService:
                 conn,
                 run_id,
                 llds_enabled=llds_enabled,
-                llds_lambda=llds_lambda,
+                lam=lam,
                 checkpoint=checkpoint,
                 stop=stop,
                 stop_reason=reason if stop else "",
@@ -122,8 +122,8 @@ class DirectiveService:
         event_store.append_directive(
             conn,
             run_id,
-            llds_enabled=change.llds_enabled if change is not None else None,
-            llds_lambda=change.llds_lambda if change is not None else None,
+            llds_enabled=change.llds.enabled if change is not None else None,
+            lam=change.llds.lam if change is not None else None,
             checkpoint=levers is not None and levers.checkpoint,
             stop=True if levers is not None and levers.stop else None,
             stop_reason=levers.reason if levers is not None and levers.stop else "",

@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import Connection, false, func, select, true, update
 
-from contracts.directive import DEFAULT_LLDS_LAMBDA, SOURCE_MANUAL
+from contracts.directive import DEFAULT_LLDS_LAMBDA, SOURCE_MANUAL, LLDSDirective
 from monitor.db.models import Directive, PhaseEvent, Run
 from monitor.domain import DirectiveInfo, PhaseEventInfo
 from monitor.store._sql import table_of
@@ -19,13 +19,12 @@ runs = table_of(Run)
 
 def _info(row: Any, applied_version: int = 0, applied_step: int | None = None) -> DirectiveInfo:
     return DirectiveInfo(
+        llds=LLDSDirective(enabled=row.llds_enabled, lam=row.llds_lam),
         version=row.version,
-        llds_enabled=row.llds_enabled,
-        llds_lambda=row.llds_lambda,
         reason=row.reason,
         source=row.source,
         step=row.step,
-        created_at=row.created_at,
+        updated_at=row.updated_at,
         checkpoint=row.checkpoint,
         stop=row.stop,
         stop_reason=row.stop_reason,
@@ -87,7 +86,7 @@ def append_directive(
     source: str,
     step: int | None,
     llds_enabled: bool | None = None,
-    llds_lambda: float | None = None,
+    lam: float | None = None,
     checkpoint: bool = False,
     stop: bool | None = None,
     stop_reason: str = "",
@@ -125,14 +124,14 @@ def append_directive(
     def kept(column: str, value: Any, default: Any) -> Any:
         return previous(column, default) if value is None else value
 
-    sets_llds = llds_enabled is not None or llds_lambda is not None
+    sets_llds = llds_enabled is not None or lam is not None
     result = conn.execute(
         directives.insert()
         .values(
             run_id=run_id,
             version=next_version,
             llds_enabled=kept("llds_enabled", llds_enabled, false()),
-            llds_lambda=kept("llds_lambda", llds_lambda, DEFAULT_LLDS_LAMBDA),
+            llds_lam=kept("llds_lam", lam, DEFAULT_LLDS_LAMBDA),
             reason=reason,
             source=source,
             step=step,

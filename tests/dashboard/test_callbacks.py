@@ -194,16 +194,14 @@ def test_directive_controls_write_through_the_services(
     assert ok and "LLDS on" in message
     directive = state.directives.current(OPEN, collapsed)
     assert (
-        directive.llds_enabled
-        and directive.llds_lambda == pytest.approx(0.3)
-        and directive.source == "manual"
+        directive.llds.enabled and directive.llds.lam == pytest.approx(0.3) and directive.source == "manual"
     )
     assert set_llds(dctx, OPEN, collapsed, True, -1.0) == (
         "422: llds.lam: lambda must be a finite number in [0, 1e+06], got -1.0",  # contracts.directive's rule
         False,
     )
     assert set_llds(dctx, OPEN, collapsed, False, None)[1]
-    assert not state.directives.current(OPEN, collapsed).llds_enabled
+    assert not state.directives.current(OPEN, collapsed).llds.enabled
     assert set_policy(dctx, OPEN, collapsed, "auto") == ("policy set to auto", True)
     assert state.runs.get(OPEN, collapsed).directive_policy == "auto"
     message, ok = set_policy(dctx, OPEN, collapsed, "sometimes")

@@ -13,6 +13,7 @@ import pytest
 from plotly.io.json import to_json_plotly
 
 from contracts import metrics as M
+from contracts.directive import LLDSDirective
 from dashboard import figures as F
 from dashboard.figures import (
     Band,
@@ -166,11 +167,9 @@ def test_missing_metrics_give_an_empty_state_instead_of_failing() -> None:
 
 def test_markers_for_alerts_directives_and_phase_changes_carry_hover_evidence() -> None:
     directives = [
+        DirectiveInfo(llds=LLDSDirective(True, 0.3), version=2, reason="manual", source="manual", step=150),
         DirectiveInfo(
-            version=2, llds_enabled=True, llds_lambda=0.3, reason="manual", source="manual", step=150
-        ),
-        DirectiveInfo(
-            version=1, llds_enabled=True, reason="auto: run entered decay", source="detector", step=105
+            llds=LLDSDirective(True), version=1, reason="auto: run entered decay", source="detector", step=105
         ),
         DirectiveInfo(),  # the implicit default: no marker
     ]
@@ -241,7 +240,7 @@ def test_legend_lists_every_phase_colour_and_marker_kind() -> None:
     assert {e.key for e in markers if e.group == "alert"} == set(SEVERITY_COLORS)
     assert {e.color for e in markers if e.group == "directive"} == set(DIRECTIVE_COLORS.values())
     # every marker the figures draw has a legend entry with its shape and colour
-    directives = [DirectiveInfo(version=v, llds_enabled=v == 1, step=v) for v in (1, 2)]
+    directives = [DirectiveInfo(llds=LLDSDirective(v == 1), version=v, step=v) for v in (1, 2)]
     alerts = [alert(i, 10 + i, severity=sev) for i, sev in enumerate(SEVERITY_COLORS)]
     drawn = {(m.group, m.symbol, m.color) for m in markers_of(alerts, directives, [])}
     assert drawn <= {(e.group, e.symbol, e.color) for e in markers}

@@ -145,7 +145,7 @@ def test_every_callback_answers_hostile_input_without_an_error(client: TestClien
         "run-tick.n_intervals": 3,
         "action-window.value": 100,
         "action-source.value": "all",
-        "llds-lambda.value": 0.2,
+        "llds-lam.value": 0.2,
         "policy.value": "alert",
         "compare-runs.value": [run_id],
         "compare-metrics.value": [M.REWARD_MEAN],
@@ -275,7 +275,7 @@ def test_directive_controls_validate_exactly_like_the_api(
     )
     history = state.directives.history(OPEN, run_id)
     assert len([d for d in history if d.version > 0]) == accepted
-    assert max(d.llds_lambda for d in history) <= 1e6  # nothing out of bounds ever reaches a trainer
+    assert max(d.llds.lam for d in history) <= 1e6  # nothing out of bounds ever reaches a trainer
     assert set_llds(dctx, OPEN, run_id, False, None)[1]  # an empty lambda box: the default
     message, ok = set_policy(dctx, OPEN, run_id, {})
     assert not ok and message.startswith("422: policy: ")
@@ -296,7 +296,7 @@ def test_directive_changes_on_a_finished_run_ask_first(
     assert state.directives.current(OPEN, run_id).version == 0  # nothing written before the answer
     done = apply_action(dctx, OPEN, run_id, "llds-on", 0.25, None, confirmed=True)
     assert done.ok and done.confirm is None and "LLDS on (λ=0.25)" in done.message
-    assert state.directives.current(OPEN, run_id).llds_lambda == pytest.approx(0.25)
+    assert state.directives.current(OPEN, run_id).llds.lam == pytest.approx(0.25)
     asked = apply_action(dctx, OPEN, run_id, "policy-apply", None, "auto")
     assert asked.confirm is not None and state.runs.get(OPEN, run_id).directive_policy == "alert"
     assert apply_action(dctx, OPEN, run_id, "policy-apply", None, "auto", confirmed=True).ok
@@ -307,7 +307,7 @@ def test_directive_changes_on_a_finished_run_ask_first(
     # A running run is steered at once.
     live = new_run(client, "live-run")
     now = apply_action(dctx, OPEN, live, "llds-on", None, None)
-    assert now.ok and now.confirm is None and state.directives.current(OPEN, live).llds_enabled
+    assert now.ok and now.confirm is None and state.directives.current(OPEN, live).llds.enabled
 
 
 # --- item 15 (dashboard part): user text in Plotly figures is escaped -----------------------------------

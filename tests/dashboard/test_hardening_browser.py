@@ -97,10 +97,10 @@ def test_run_page_details_and_a_shareable_compare_url(server: LiveServer, browse
         assert not overlap(quantile_legend[0], quantile_title[0]), (quantile_legend, quantile_title)
 
         # The lambda box shows 0.25 whole.
-        box = browser.find_element(By.ID, "llds-lambda")
+        box = browser.find_element(By.ID, "llds-lam")
         box.clear()
         box.send_keys("0.25")
-        width, room, value = browser.execute_script(TEXT_FITS_JS, "llds-lambda")
+        width, room, value = browser.execute_script(TEXT_FITS_JS, "llds-lam")
         assert value == "0.25" and width <= room, (width, room)
 
         # LLDS on for a finished run: a confirmation first, the write only after it.

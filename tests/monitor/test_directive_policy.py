@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contracts.directive import LLDSDirective
 from monitor.domain import DirectiveInfo
 from monitor.services.directive_policy import DirectiveRule, decide
 
@@ -11,7 +12,7 @@ OFF = DirectiveInfo()
 
 def test_auto_switches_on_when_decay_starts() -> None:
     change = decide("auto", "decay", 80, OFF, RULE)
-    assert change is not None and change.llds_enabled and change.llds_lambda == 0.2
+    assert change is not None and change.llds == LLDSDirective(enabled=True, lam=0.2)
     assert "decay" in change.reason and "80" in change.reason
 
 
@@ -32,17 +33,17 @@ def test_collapse_trigger_waits_for_collapse() -> None:
 
 
 def test_escalates_once_if_decay_continues() -> None:
-    on = DirectiveInfo(version=1, llds_enabled=True, llds_lambda=0.2, source="detector", step=80)
+    on = DirectiveInfo(llds=LLDSDirective(True, 0.2), version=1, source="detector", step=80)
     assert decide("auto", "decay", 100, on, RULE) is None
     change = decide("auto", "decay", 120, on, RULE)
-    assert change is not None and change.llds_lambda == 0.3
-    top = DirectiveInfo(version=2, llds_enabled=True, llds_lambda=0.3, source="detector", step=120)
+    assert change is not None and change.llds == LLDSDirective(enabled=True, lam=0.3)
+    top = DirectiveInfo(llds=LLDSDirective(True, 0.3), version=2, source="detector", step=120)
     assert decide("auto", "collapse", 400, top, RULE) is None
 
 
 def test_manual_directive_wins() -> None:
     manual_off = DirectiveInfo(
-        version=3, llds_enabled=False, llds_lambda=0.2, source="manual", step=90, llds_manual=True
+        llds=LLDSDirective(False, 0.2), version=3, source="manual", step=90, llds_manual=True
     )
     assert decide("auto", "collapse", 150, manual_off, RULE) is None
     # a person's checkpoint or stop request alone does not take LLDS away from the policy

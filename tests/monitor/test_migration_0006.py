@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from sqlalchemy import inspect, text
 
+from contracts.directive import LLDSDirective
 from monitor.db.engine import make_engine
 from monitor.db.migrate import downgrade, upgrade
 from monitor.store import events as event_store
@@ -54,7 +55,7 @@ def test_levers_migration_up_down_up_with_data(empty_url: str) -> None:
     with engine.begin() as conn:  # the new code on the migrated rows: a request carries the rest forward
         event_store.append_directive(conn, 2, reason="r", source="manual", step=20, checkpoint=True)
         d = event_store.current_directive(conn, 2)
-    assert (d.version, d.checkpoint, d.llds_enabled, d.llds_lambda, d.llds_manual) == (2, 2, True, 0.2, False)
+    assert (d.version, d.checkpoint, d.llds, d.llds_manual) == (2, 2, LLDSDirective(True, 0.2), False)
     downgrade(empty_url, "0005")
     assert not LEVER_COLUMNS & {c["name"] for c in inspect(engine).get_columns("directives")}
     with engine.connect() as conn:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from sqlalchemy import inspect, text
+from sqlalchemy import Engine, inspect, text
 
 from monitor.db.engine import make_engine
 from monitor.db.migrate import downgrade, upgrade
@@ -41,16 +41,26 @@ def test_acknowledgement_migration_up_down_up_with_data(empty_url: str) -> None:
                 {"step": step, "value": value},
             )
     upgrade(empty_url, "0009")
+    assert _applied_steps(engine) == {1: [4, 6, None], 2: [None, None, None]}
+    downgrade(empty_url, "0008")
+    assert "applied_step" not in {c["name"] for c in inspect(engine).get_columns("directives")}
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM directives")).scalar_one() == 6
+    upgrade(empty_url)  # the code of today reads what 0009 wrote (through the later revisions)
     with engine.connect() as conn:
         assert [d.applied_step for d in event_store.directive_history(conn, 1)] == [4, 6, None]
         assert event_store.current_directive(conn, 1).applied_version == 2
         assert [d.applied_step for d in event_store.directive_history(conn, 2)] == [None, None, None]
         assert event_store.current_directive(conn, 2).applied_version == 0
-    downgrade(empty_url, "0008")
-    assert "applied_step" not in {c["name"] for c in inspect(engine).get_columns("directives")}
-    with engine.connect() as conn:
-        assert conn.execute(text("SELECT count(*) FROM directives")).scalar_one() == 6
-    upgrade(empty_url)
-    with engine.connect() as conn:
-        assert [d.applied_step for d in event_store.directive_history(conn, 1)] == [4, 6, None]
     engine.dispose()
+
+
+def _applied_steps(engine: Engine) -> dict[int, list[int | None]]:
+    """Each run's `applied_step` by version, read with the SQL of revision 0009 (the store reads the
+    columns of the latest revision)."""
+    steps: dict[int, list[int | None]] = {}
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT run_id, applied_step FROM directives ORDER BY run_id, version"))
+        for run_id, step in rows:
+            steps.setdefault(run_id, []).append(step)
+    return steps

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from contracts.directive import SOURCE_DETECTOR, SOURCE_MANUAL
+from contracts.directive import SOURCE_DETECTOR, SOURCE_MANUAL, LLDSDirective
 from monitor.alerting.sinks import Notification
 from monitor.bootstrap import Services, build_services
 from monitor.config import Settings
@@ -116,10 +116,10 @@ def test_liveness_raises_its_alert_through_the_alerting_service(services: Servic
 
 def test_manual_directive_changes_are_versions_with_their_source(services: Services) -> None:
     run = _run(services)
-    first = services.directives.set_manual(P, run.id, llds_enabled=True, llds_lambda=0.25)
-    assert (first.version, first.llds_enabled, first.source, first.llds_manual) == (
+    first = services.directives.set_manual(P, run.id, llds_enabled=True, lam=0.25)
+    assert (first.version, first.llds, first.source, first.llds_manual) == (
         1,
-        True,
+        LLDSDirective(True, 0.25),
         SOURCE_MANUAL,
         True,
     )
@@ -136,7 +136,7 @@ def test_manual_directive_changes_are_versions_with_their_source(services: Servi
     with pytest.raises(InvalidInput, match="nothing to change"):
         services.directives.set_manual(P, run.id)
     with pytest.raises(InvalidInput, match="lambda") as bad:
-        services.directives.set_manual(P, run.id, llds_lambda=float("nan"))
+        services.directives.set_manual(P, run.id, lam=float("nan"))
     assert bad.value.field == "lam"
     assert len(services.directives.history(P, run.id)) == 3  # nothing written by a rejected change
 
@@ -146,12 +146,12 @@ def test_auto_directive_follows_the_rules_in_the_callers_transaction(services: S
     services.runs.set_policy(P, auto.id, "auto")
     with services.db.write() as conn:
         d = services.directives.apply_auto(conn, auto.id, "auto", "decay", 40, [("decay", 40)])
-    assert (d.version, d.llds_enabled, d.checkpoint, d.stop, d.source) == (1, True, 1, 0, SOURCE_DETECTOR)
+    assert (d.version, d.llds.enabled, d.checkpoint, d.stop, d.source) == (1, True, 1, 0, SOURCE_DETECTOR)
     assert d.step == 40 and "checkpoint requested" in d.reason
     with services.db.write() as conn:  # still in decay, nothing entered, not yet time to escalate
         assert services.directives.apply_auto(conn, auto.id, "auto", "decay", 41, []).version == 1
     services.directives.set_manual(P, manual.id, stop_on_collapse=True)
     with services.db.write() as conn:  # not `auto`: no LLDS and no checkpoint, but the opted-in stop
         d = services.directives.apply_auto(conn, manual.id, "manual", "collapse", 90, [("collapse", 90)])
-    assert (d.llds_enabled, d.checkpoint, d.stop > 0) == (False, 0, True)
+    assert (d.llds.enabled, d.checkpoint, d.stop > 0) == (False, 0, True)
     assert "stop-on-collapse" in d.stop_reason

@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from contracts.directive import DEFAULT_LLDS_LAMBDA, Levers, LeverTracker, parse_directive
+from contracts.directive import DEFAULT_LLDS_LAMBDA, Levers, LeverTracker, LLDSDirective, parse_directive
 from trainer_hooks._warn import WarnOnce
 from trainer_hooks.verl.config import LossSettings
 
@@ -96,7 +96,7 @@ def _write_atomically(path: str | os.PathLike[str], body: str) -> None:
 
 def write_llds_directive(path: str | os.PathLike[str], enabled: bool, lam: float) -> None:
     """Atomically write the LLDS switch that `llds_directive_file` readers pick up."""
-    _write_atomically(path, json.dumps({"llds": {"enabled": bool(enabled), "lam": float(lam)}}))
+    _write_atomically(path, json.dumps({"llds": LLDSDirective(bool(enabled), float(lam)).to_wire()}))
 
 
 def write_directive(path: str | os.PathLike[str], directive: Any) -> bool:

@@ -36,7 +36,7 @@ def set_directive(
         principal,
         run_id,
         llds_enabled=body.llds.enabled if body.llds is not None else None,
-        llds_lambda=body.llds.lam if body.llds is not None else None,
+        lam=body.llds.lam if body.llds is not None else None,
         checkpoint=body.checkpoint,
         stop=body.stop,
         stop_on_collapse=body.stop_on_collapse,
