@@ -41,6 +41,7 @@ SIGNAL_NAMES: Final[dict[str, str]] = {
     "reward_rising_long": "reward rising over the long window",
     "reward_trend": "reward trend",
     "reward_crash": "reward crash",
+    "reward_slide": "reward slid below half its range with a pathology active",
     "reward_zero": "reward dropped to about zero",
     # phase III surges and terminal signatures
     "grad_surge": "gradient-norm surge",

@@ -46,6 +46,7 @@ SUPPORT = {
 PHASE_SIGNALS = {
     COLLAPSE: (
         "reward_crash",
+        "reward_slide",
         "grad_surge",
         "entropy_surge",
         "logp_pos_sharp_drop",
@@ -88,8 +89,8 @@ def candidate(sig: Signals) -> tuple[str, list[str]]:
     crash) makes a signal-based collapse; surges and sharp likelihood drops with the outcome intact are
     warnings (`lld_crash`, the pathologies) and escalate when the reward follows."""
     f = sig.fired
-    if f("reward_crash"):
-        reasons = ["reward_crash"] + [
+    if f("reward_crash") or f("reward_slide"):
+        reasons = [n for n in ("reward_crash", "reward_slide") if f(n)] + [
             n for n in ("grad_surge", "entropy_surge", "logp_pos_sharp_drop") if f(n)
         ]
         return COLLAPSE, reasons

@@ -372,6 +372,37 @@ def reward_crash(
     return Indicator(name, fired, h.reward, num(smoothed), num(level), cfg.reward_smooth, detail)
 
 
+def reward_slide(
+    h: History, cfg: DetectorConfig, rng: RewardRange, mean: float, pathologies: bool
+) -> Indicator:
+    """A loss the crash test cannot see, with a pathology of the training active: the reward's trailing
+    mean (the collapse label's statistic) below `reward_crash_frac` of the way from its low (or a declared
+    floor) to its best trailing mean, and as many noise SDs below that best as "reward to 0" needs
+    (`RewardRange.drop_threshold`: the running best of a noisy reward drifts above its level). The crash
+    test measures a drop from the level just before it, which follows a reward that slides down over tens
+    of steps; this one measures from the best, so a slow slide escalates its pathology once the outcome
+    has followed (third-party ReTool run yeu8r64c: entropy 0.24 -> 0.84 and lengths x4 while its score
+    slid from -0.5 to -0.9 over 30 steps)."""
+    name = "reward_slide"
+    low, peak = rng.mean_low, rng.mean_peak
+    if not pathologies:
+        return off(name, h.reward, "not evaluated: no pathology warning active")
+    if low is None or peak is None or not math.isfinite(mean) or not rng.rose(cfg):
+        return off(name, h.reward)
+    level = low + cfg.reward_crash_frac * (peak - low)
+    unmeasured = rng.fixed_floor and not math.isfinite(rng.noise)  # the floor carries the scale
+    drop_z = math.inf if unmeasured else _in_noise(peak - mean, rng.noise)
+    detail = {
+        "statistic_is": "trailing mean of the reward",
+        "best_trailing_mean": num(peak),
+        "low": num(low),
+        "drop_in_noise_sd": num(drop_z),
+        "drop_z_threshold": rng.drop_threshold(cfg),
+    }
+    fired = mean < level and drop_z >= rng.drop_threshold(cfg)
+    return Indicator(name, fired, h.reward, num(mean), num(level), cfg.reward_zero_mean_window, detail)
+
+
 def _fit(h: History, metric: str, lo: int, hi: int, autocorr: bool = False) -> stats.TrendFit:
     """Theil-Sen fit of `metric` over the points [lo, hi) (memoised); `autocorr` also computes the
     Mann-Kendall z corrected for autocorrelated noise (`trend_z`)."""
@@ -770,11 +801,12 @@ def compute(
     corroborated = ind["grad_surge"].fired or ind["entropy_surge"].fired
     r_smooth = reward_smoothed(h, cfg)
     ind["reward_crash"] = reward_crash(h, cfg, r_smooth, rng, corroborated or bool(pathologies))
+    r_mean = latest_trailing_mean(h, cfg)
+    ind["reward_slide"] = reward_slide(h, cfg, rng, r_mean, bool(pathologies))
     ind["reward_rising"] = reward_rising(h, cfg, cfg.trend_window)
     if hooks:
         _likelihood_signals(h, cfg, anchor_peak, ind)
     e_smooth = recent_median(h, M.ENTROPY_MEAN, cfg.entropy_collapse_window, cfg.min_recent_points)
-    r_mean = latest_trailing_mean(h, cfg)
     return Signals(
         hooks=hooks, indicators=ind, reward_smooth=r_smooth, entropy_smooth=e_smooth, reward_mean=r_mean
     )

@@ -231,3 +231,41 @@ def test_the_latest_trailing_mean_averages_the_whole_window() -> None:
         step=39,
     )
     assert latest_trailing_mean(h, CFG) == pytest.approx(0.5)
+
+
+def test_a_slow_slide_with_a_pathology_escalates_to_a_collapse() -> None:
+    """A real ReTool run (signed score, floor -1 declared): the score slides from -0.5 to -0.9 over 30 steps
+    while entropy rises (0.24 -> 0.84) and lengths grow x4. The crash test measures from the level just
+    before, which slides along; measured from the best trailing mean, the slide escalates the entropy
+    warning to phase III by its label (31) + 5. Without the pathology (entropy held at its start) the
+    same reward gives no critical finding: the slide alone is no page."""
+    run = next(r for r in found_runs() if r.name.endswith("yeu8r64c"))
+    result = detect_offline(run.steps, run.values, run_config(run, CFG), run.present)
+    entered = next(c for c in result.phase_changes if c.phase == COLLAPSE)
+    assert run.collapse_step == 31 and 28 <= entered.step <= 36
+    assert entered.evidence["reasons"][0] == "reward_slide"
+    assert (result.first(ENTROPY_RISE) or 99) < entered.step
+    calm = dict(run.values)
+    calm[M.ENTROPY_MEAN] = np.full(run.steps.size, np.nanmedian(run.values[M.ENTROPY_MEAN][:20]))
+    quiet = detect_offline(run.steps, calm, run_config(run, CFG), run.present)
+    assert not [f for f in quiet.findings if f.severity == "critical"]
+
+
+def test_a_flat_noisy_reward_with_a_pathology_is_no_slide() -> None:
+    """A reward that holds its level in batch noise while entropy doubles: its trailing mean is below the
+    middle of its own (noise-wide) range half the time, a few SDs under its running best; a slide needs as
+    many SDs as "reward to 0" does, so nothing is critical."""
+    rng = np.random.default_rng(5)
+    n = 140
+    t = np.arange(n, dtype=np.float64)
+    ramp = np.clip((t - 80) / 15, 0, 1)
+    values: Series = {
+        M.REWARD_MEAN: 0.5 + rng.normal(0, 0.05, n),
+        M.GRAD_NORM: np.exp(rng.normal(0, 0.1, n)),
+        M.ENTROPY_MEAN: (1.0 + 1.1 * ramp) * (1 + rng.normal(0, 0.1, n)),
+        M.ACTION_VALID_RATIO: 0.96 - 0.11 * ramp + rng.normal(0, 0.01, n),
+        M.RESPONSE_LENGTH_MEAN: 300 * (1 + rng.normal(0, 0.03, n)),
+    }
+    result = detect_offline(t, values, CFG)
+    assert ENTROPY_RISE in result.kinds()
+    assert not [f for f in result.findings if f.severity == "critical"] and COLLAPSE not in result.phases
