@@ -5,8 +5,9 @@ batch with every canonical metric (44 since #12) (scenario values, so the online
 alerts) and one action batch of `--actions` records (default 2,560), in order, each waiting for its
 acknowledgement as the real client does. Step k of run r is *scheduled* at t0 + r/runs/rate + k/rate
 (`--rate` steps/s per run, staggered starts); a run that falls behind sends its next step at once.
-Before the clock starts every run gets `--preload` steps of metrics in one batch, so the detector's
-window (71 steps) is full from the first streamed step on.
+Before the clock starts every run gets `--preload` steps of metrics in one batch, so the detector has
+history from the first streamed step on (its window is `required_history`, 240 steps: with the default
+100, the window fills as the run streams; `--preload 250` starts it full).
 
 Streaming stops at t0 + `--seconds`: no step is started after that, the batches in flight finish.
 Reported:

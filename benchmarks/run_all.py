@@ -8,6 +8,7 @@ Benchmarks (each writes its own JSON summary, which is embedded in `results.json
 * ``concurrent_runs``  50 runs streaming at 1 step/s each to one `lldmon serve` (with --confirm)
 * ``scale``            one vs two `lldmon serve` processes on one PostgreSQL database
 * ``detection``        detector quality on generated + real runs, and its cost per step
+* ``detector_pass``    one online detector pass through the services on PostgreSQL, window cache off vs on
 * ``measure``          `measure_step` on a Search-R1-sized batch
 * ``hooks``            TRL hooks overhead per training step
 * ``dashboard``        dashboard callback latencies on a 10,000-step run
@@ -111,6 +112,16 @@ BENCHES = (
         ("--collapse", "2", "--controls", "1", "--cost-steps", "200", "--no-real", "--quiet", "--jobs", "1"),
         False,
         1800,
+    ),
+    Bench(
+        "detector_pass",
+        "online detector pass per one-step batch (services on PostgreSQL): window cache off vs on",
+        "benchmarks.detector_pass",
+        "--json",
+        (),
+        ("--runs", "2", "--steps", "10", "--preload", "250"),
+        True,
+        900,
     ),
     Bench(
         "measure",
@@ -366,6 +377,15 @@ def _detection(s: dict[str, Any]) -> str:
     return f"detector update median {cost['healthy_wall_median']:.2f} ms (p95 {cost['healthy_wall_p95']:.2f}); {targets}"
 
 
+def _detector_pass(s: dict[str, Any]) -> str:
+    off, on, ratio = s["modes"]["off"], s["modes"]["on"], s["off_over_on"]
+    return (
+        f"window {s['window_steps']} steps: cache off {off['wall_ms_median']:.1f} ms, on {on['wall_ms_median']:.1f} ms "
+        f"median per pass = **{ratio['wall_ms_median']}x** (service CPU {ratio['service_cpu_ms_mean']}x, PostgreSQL "
+        f"CPU {ratio['postgres_cpu_ms_mean']}x); same results: {'yes' if s['identical'] else 'NO'}"
+    )
+
+
 def _measure(s: dict[str, Any]) -> str:
     return (
         f"{s['responses']} x {s['tokens']} tokens: median {s['measure_step_ms_median']:.1f} ms, "
@@ -425,6 +445,7 @@ FIGURES: dict[str, Callable[[dict[str, Any]], str]] = {
     "concurrent_runs": _concurrent,
     "scale": _scale,
     "detection": _detection,
+    "detector_pass": _detector_pass,
     "measure": _measure,
     "hooks": _hooks,
     "dashboard": _dashboard,

@@ -11,7 +11,9 @@ AppState = Services
 """The name the routes use for `monitor.bootstrap.Services` (the dashboard uses Services itself)."""
 
 
-def get_state(request: Request) -> Services:
+async def get_state(request: Request) -> Services:
+    """Async though it awaits nothing: FastAPI runs a plain `def` dependency in a worker thread, a
+    thread hop on every request for an attribute read."""
     state: Services = request.app.state.lldmon
     return state
 

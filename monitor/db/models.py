@@ -111,6 +111,9 @@ class Run(Base):
     step_intervals: Mapped[list[float] | None] = mapped_column(JSON)
     status_final: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     """The status was set by an explicit finish (revision 0010): a late batch or heartbeat does not revive it."""
+    history_rev: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    """Metrics batches that wrote at or below the run's last step (revision 0012): history a detector
+    window read before such a batch may lack, so a window cached with another count is read again."""
 
 
 class RunTag(Base):

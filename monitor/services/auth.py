@@ -11,9 +11,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
-from monitor.domain import Principal, RunInfo, TokenInfo
+from monitor.domain import MAX_RUN_ID, Principal, TokenInfo
 from monitor.errors import Conflict, NotFound, Unauthorized
 from monitor.store import Database
 from monitor.store import runs as run_store
@@ -111,7 +113,30 @@ class AuthService:
         return Principal(project_id=found[0], project=found[1])
 
 
-def check_access(principal: Principal, run: RunInfo) -> None:
+class OwnedRun(Protocol):
+    """What the access check reads of a run (`RunInfo`, or the ingest path's lighter read)."""
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def project_id(self) -> int: ...
+
+
+def check_access(principal: Principal, run: OwnedRun) -> None:
     """Another project's run answers exactly like a missing one: neither its project nor its existence leaks."""
     if not principal.unrestricted and principal.project_id != run.project_id:
         raise NotFound(f"run {run.id} does not exist")
+
+
+Owned = TypeVar("Owned", bound=OwnedRun)
+
+
+def accessible_run(principal: Principal, run_id: int, read: Callable[[int], Owned | None]) -> Owned:
+    """The run `read` finds under `run_id` if the principal may see it; NotFound otherwise (an id out
+    of range, from a URL, is not looked up)."""
+    run = read(run_id) if 0 <= run_id <= MAX_RUN_ID else None
+    if run is None:
+        raise NotFound(f"run {run_id} does not exist")
+    check_access(principal, run)
+    return run

@@ -9,6 +9,12 @@ of one run are processed in order; between chunks the lock (on SQLite the one wr
 shares) is released, so a huge batch does not hold up other runs' ingest. One call judges at most
 `max_points`; a larger backlog is judged by the calls of the run's following batches (results do not
 depend on how the steps are split: each step is judged on its own window).
+
+Each worker process keeps the window of the runs it judged last (`detection_cache.WindowCache`), so a
+pass reads only the steps after the last judged one; the window is used only while the run's stored
+detector state, overrides and history count (`runs.history_rev`) are still the ones it was cut for, so
+several workers or replicas on one database fall back to the full read whenever another one judged
+the run or wrote into its judged history in between.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, Final
 
+from sqlalchemy import Connection
+
 from contracts.metrics import CANONICAL_METRICS
 from contracts.wire import encode_json
 from monitor.detector import DetectorConfig, DetectorState, SeriesWindow, update
@@ -27,6 +35,7 @@ from monitor.detector.findings import ALL_KINDS as DETECTOR_ALERT_KINDS
 from monitor.domain import ActiveCondition, DirectiveInfo, Principal
 from monitor.errors import InvalidInput, NotFound
 from monitor.services.alerts import AlertRun, AlertService, Notifications
+from monitor.services.detection_cache import CachedWindow, WindowCache, extend, from_step
 from monitor.services.directives import DirectiveService
 from monitor.services.runs import RunService
 from monitor.store import Database
@@ -62,12 +71,14 @@ class DetectionService:
         telemetry: ServiceMetrics,
         alerts: AlertService,
         directives: DirectiveService,
+        windows: WindowCache | None = None,
     ) -> None:
         self.db = db
         self.runs = runs
         self.telemetry = telemetry
         self.alerts = alerts
         self.directives = directives
+        self.windows = WindowCache() if windows is None else windows
         self.chunk_points = CHUNK_POINTS
         self.max_points = MAX_POINTS
 
@@ -98,6 +109,7 @@ class DetectionService:
         with self.db.write() as conn:
             target = detection_store.lock_run(conn, run_id)
             if target is None:
+                self.windows.forget(run_id)
                 raise NotFound(f"run {run_id} does not exist")
             config = DetectorConfig().with_overrides(target.overrides)
             state = DetectorState.from_dict(target.state) if target.state else None
@@ -106,12 +118,15 @@ class DetectionService:
             if last_judged is not None:
                 step_min = max(0, last_judged - config.required_history + 1)
             inputs = detector_inputs(config)
-            step_max = detection_store.chunk_end(conn, run_id, inputs, last_judged, n)
-            steps, values, present = detection_store.read_window(conn, run_id, inputs, step_min, step_max)
+            step_max = self._chunk_end(conn, target, inputs, last_judged, n)
+            window = self._window(conn, target, inputs, step_min, step_max, last_judged)
+            steps = window.steps
             if len(steps) == 0 or (last_judged is not None and steps[-1] <= last_judged):
                 return self.directives.in_force(conn, run_id), False, notifications
-            result = update(SeriesWindow(steps=steps, values=values, present=present), state, config)
-            detection_store.save_state(conn, run_id, encode_json(result.state.to_dict()), result.state.phase)
+            result = update(window, state, config)
+            saved = encode_json(result.state.to_dict())
+            detection_store.save_state(conn, run_id, saved, result.state.phase)
+            self._keep(target, window, saved, config)
             for phase_change in result.phase_changes:
                 event_store.insert_phase_event(
                     conn,
@@ -151,6 +166,51 @@ class DetectionService:
             )
         return directive, step_max is not None, notifications
 
+    @staticmethod
+    def _chunk_end(
+        conn: Connection,
+        target: detection_store.DetectionTarget,
+        inputs: tuple[str, ...],
+        last_judged: int | None,
+        n: int,
+    ) -> int | None:
+        """Where a chunk of at most `n` new steps ends (None: at the run's last step). When the run's
+        last step is at most `n` steps past the last judged one, no query is needed to know it."""
+        if last_judged is not None and target.last_step is not None and target.last_step - last_judged <= n:
+            return None
+        return detection_store.chunk_end(conn, target.run_id, inputs, last_judged, n)
+
+    def _window(
+        self,
+        conn: Connection,
+        target: detection_store.DetectionTarget,
+        inputs: tuple[str, ...],
+        step_min: int | None,
+        step_max: int | None,
+        last_judged: int | None,
+    ) -> SeriesWindow:
+        """The window the next points are judged on, steps `step_min` to `step_max` (None: open): the
+        cached window and the steps after `last_judged` when the cache holds the run's window for its
+        stored state, else one read of the whole range."""
+        cached = self.windows.valid(target.run_id, target.state, target.overrides, target.history_rev)
+        if cached is not None and last_judged is not None:
+            new = detection_store.read_window(conn, target.run_id, inputs, last_judged + 1, step_max)
+            return extend(cached.window, SeriesWindow(*new))
+        return SeriesWindow(*detection_store.read_window(conn, target.run_id, inputs, step_min, step_max))
+
+    def _keep(
+        self,
+        target: detection_store.DetectionTarget,
+        window: SeriesWindow,
+        saved: dict[str, Any],
+        config: DetectorConfig,
+    ) -> None:
+        """Cache what the run's next pass needs of `window`: its steps from `required_history` - 1
+        before the last one judged on."""
+        last_step = int(window.steps[-1])
+        kept = from_step(window, max(0, last_step - config.required_history + 1))
+        self.windows.put(target.run_id, CachedWindow(kept, saved, target.overrides, target.history_rev))
+
     def set_overrides(self, principal: Principal, run_id: int, overrides: dict[str, Any]) -> dict[str, Any]:
         """Per-run detector settings; unknown names or bad types are rejected before anything is saved."""
         self.runs.get(principal, run_id)
@@ -160,6 +220,7 @@ class DetectionService:
             raise InvalidInput(str(exc), field="overrides") from None
         with self.db.write() as conn:
             detection_store.set_overrides(conn, run_id, overrides)
+        self.windows.forget(run_id)
         return overrides
 
 

@@ -31,6 +31,7 @@ from contracts.directive import APPLIED_VERSION_METRIC
 from contracts.wire import IMPORT_BATCH_PREFIX
 from monitor.domain import ActionColumns, DirectiveInfo, IngestAck, MetricsColumns, Principal
 from monitor.errors import Conflict
+from monitor.services.auth import accessible_run
 from monitor.services.detection import DetectionService
 from monitor.services.runs import RunService
 from monitor.store import Database
@@ -56,13 +57,14 @@ class IngestService:
     ) -> IngestAck:
         last_step = max(batch.steps) if batch.steps else None
         with self.telemetry.time_ingest("metrics"), self.db.write() as conn:
-            RunService.get_in(conn, principal, run_id)
+            run = _batch_run(conn, principal, run_id)
             previous = _claim(conn, run_id, "metrics", batch_id, batch, len(batch))
             if previous is None:
                 ingest_store.write_metrics(conn, run_id, batch)
                 if not batch_id.startswith(IMPORT_BATCH_PREFIX):
                     _record_acknowledgements(conn, run_id, batch)
-                run_store.touch_run(conn, run_id, last_step)
+                first_step = min(batch.steps) if batch.steps else None
+                run_store.touch_run(conn, run_id, last_step, run, first_step=first_step)
             else:  # a re-sent batch: nothing new for the detector
                 directive = event_store.current_directive(conn, run_id)
         if previous is None:
@@ -91,11 +93,11 @@ class IngestService:
         self, principal: Principal, run_id: int, batch_id: str, batch: ActionColumns
     ) -> IngestAck:
         with self.telemetry.time_ingest("actions"), self.db.write() as conn:
-            RunService.get_in(conn, principal, run_id)
+            run = _batch_run(conn, principal, run_id)
             previous = _claim(conn, run_id, "actions", batch_id, batch, len(batch))
             if previous is None:
                 ingest_store.write_actions(conn, run_id, batch)
-                run_store.touch_run(conn, run_id, None)
+                run_store.touch_run(conn, run_id, None, run)
             directive = event_store.current_directive(conn, run_id)
         return self._ack("actions", batch_id, len(batch), previous, directive, None)
 
@@ -117,6 +119,11 @@ class IngestService:
             directive=directive,
             last_step=last_step,
         )
+
+
+def _batch_run(conn: Connection, principal: Principal, run_id: int) -> run_store.RunActivity:
+    """The batch's run, read once for both the access check and the activity update (`touch_run`)."""
+    return accessible_run(principal, run_id, lambda i: run_store.read_activity(conn, i))
 
 
 def _record_acknowledgements(conn: Connection, run_id: int, batch: MetricsColumns) -> None:

@@ -6,12 +6,10 @@ import json
 from dataclasses import replace
 from typing import Any, Final
 
-from sqlalchemy import Connection
-
 from contracts.wire import DEFAULT_PROJECT, DIRECTIVE_POLICIES, FINISH_STATUSES, RUN_STATUSES
-from monitor.domain import MAX_RUN_ID, Principal, RunFilter, RunInfo
-from monitor.errors import Forbidden, InvalidInput, NotFound
-from monitor.services.auth import check_access
+from monitor.domain import Principal, RunFilter, RunInfo
+from monitor.errors import Forbidden, InvalidInput
+from monitor.services.auth import accessible_run
 from monitor.store import Database
 from monitor.store import runs as run_store
 
@@ -65,18 +63,7 @@ class RunService:
 
     def get(self, principal: Principal, run_id: int) -> RunInfo:
         with self.db.read() as conn:
-            return self.get_in(conn, principal, run_id)
-
-    @staticmethod
-    def get_in(conn: Connection, principal: Principal, run_id: int) -> RunInfo:
-        """`get` inside a transaction the caller holds (ingest checks the run in its write transaction)."""
-        if not 0 <= run_id <= MAX_RUN_ID:  # e.g. from a dashboard URL
-            raise NotFound(f"run {run_id} does not exist")
-        run = run_store.get_run(conn, run_id)
-        if run is None:
-            raise NotFound(f"run {run_id} does not exist")
-        check_access(principal, run)
-        return run
+            return accessible_run(principal, run_id, lambda i: run_store.get_run(conn, i))
 
     def list(self, principal: Principal, flt: RunFilter) -> list[RunInfo]:
         if flt.status is not None and flt.status not in RUN_STATUSES:

@@ -26,6 +26,10 @@ class DetectionTarget:
     policy: str
     state: dict[str, Any] | None
     overrides: dict[str, Any]
+    last_step: int | None
+    """The run's last step (`runs.last_step`: the largest step any metrics batch has brought)."""
+    history_rev: int = 0
+    """`runs.history_rev`: batches so far that wrote at or below the run's last step."""
 
 
 def lock_run(conn: Connection, run_id: int) -> DetectionTarget | None:
@@ -42,6 +46,8 @@ def lock_run(conn: Connection, run_id: int) -> DetectionTarget | None:
             runs.c.directive_policy,
             runs.c.detector_state,
             runs.c.detector_overrides,
+            runs.c.last_step,
+            runs.c.history_rev,
         )
         .join(projects, projects.c.id == runs.c.project_id)
         .where(runs.c.id == run_id)
@@ -51,7 +57,7 @@ def lock_run(conn: Connection, run_id: int) -> DetectionTarget | None:
     row = conn.execute(query).one_or_none()
     if row is None:
         return None
-    return DetectionTarget(int(row[0]), row[1], row[2], row[3], row[4], row[5] or {})
+    return DetectionTarget(int(row[0]), row[1], row[2], row[3], row[4], row[5] or {}, row[6], int(row[7]))
 
 
 def save_state(conn: Connection, run_id: int, state: dict[str, Any], phase: str) -> None:

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, bindparam, func, select, tuple_, update
+from sqlalchemy import ColumnElement, Connection, Executable, Table, bindparam, func, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from monitor.db.models import ActionBlock, IngestBatch
 from monitor.domain import ActionColumns, MetricsColumns
-from monitor.store._sql import insert_ignore, table_of, upsert_many
+from monitor.store._sql import table_of, upsert_many
 from monitor.store.action_codec import Block, decode_block, encode_block, merge_blocks, summarize
 
 ingest_batches = table_of(IngestBatch)
@@ -32,6 +32,25 @@ action_blocks = table_of(ActionBlock)
 
 METRIC_COLUMNS = ("run_id", "name", "step", "value")
 METRIC_KEYS = ("run_id", "name", "step")
+
+
+def _insert_ignoring(table: Table, *returning: ColumnElement[Any]) -> dict[str, Executable]:
+    """INSERT ... ON CONFLICT DO NOTHING RETURNING `returning`, per dialect name: the rows that come back
+    are the rows inserted (rowcount is not reliable with RETURNING)."""
+    return {
+        name: insert(table).on_conflict_do_nothing().returning(*returning)
+        for name, insert in (("postgresql", postgresql.insert), ("sqlite", sqlite.insert))
+    }
+
+
+# Statements built once: every batch claims its id in the ledger, every action batch inserts blocks.
+_CLAIM = _insert_ignoring(ingest_batches, ingest_batches.c.run_id)
+_INSERT_BLOCKS = _insert_ignoring(action_blocks, action_blocks.c.step, action_blocks.c.source)
+_LEDGER_ENTRY = select(ingest_batches.c.n_rows, ingest_batches.c.digest).where(
+    ingest_batches.c.run_id == bindparam("run_id"),
+    ingest_batches.c.kind == bindparam("kind"),
+    ingest_batches.c.batch_id == bindparam("batch_id"),
+)
 
 
 @dataclass(frozen=True)
@@ -52,16 +71,11 @@ def claim_batch(
     The ledger row is written in the same transaction as the data, so a batch is either stored
     with its ledger entry or not at all; a concurrent duplicate waits on the key and then sees it.
     """
-    row = {"run_id": run_id, "kind": kind, "batch_id": batch_id, "digest": digest, "n_rows": n_rows}
-    if insert_ignore(conn, ingest_batches, row):
+    key = {"run_id": run_id, "kind": kind, "batch_id": batch_id}
+    claimed = conn.execute(_CLAIM[conn.dialect.name], {**key, "digest": digest, "n_rows": n_rows}).first()
+    if claimed is not None:
         return None
-    stored = conn.execute(
-        select(ingest_batches.c.n_rows, ingest_batches.c.digest).where(
-            ingest_batches.c.run_id == run_id,
-            ingest_batches.c.kind == kind,
-            ingest_batches.c.batch_id == batch_id,
-        )
-    ).one()
+    stored = conn.execute(_LEDGER_ENTRY, key).one()
     return LedgerEntry(int(stored.n_rows), stored.digest)
 
 
@@ -132,13 +146,9 @@ def _block_row(run_id: int, step: int, source: str, block: Block) -> dict[str, A
 def _insert_new(conn: Connection, run_id: int, blocks: dict[tuple[int, str], Block]) -> set[tuple[int, str]]:
     """INSERT the blocks in one statement, skipping keys that exist; the keys inserted."""
     rows = [_block_row(run_id, step, source, block) for (step, source), block in sorted(blocks.items())]
-    dialect_insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-    statement = (
-        dialect_insert(action_blocks)
-        .on_conflict_do_nothing()
-        .returning(action_blocks.c.step, action_blocks.c.source)
-    )
-    return {(int(step), str(source)) for step, source in conn.execute(statement, rows)}
+    return {
+        (int(step), str(source)) for step, source in conn.execute(_INSERT_BLOCKS[conn.dialect.name], rows)
+    }
 
 
 def _merge_into_existing(

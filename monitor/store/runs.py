@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Final
 
-from sqlalchemy import Connection, Row, Text, cast, func, select, update
+from sqlalchemy import Connection, Row, Text, and_, bindparam, case, cast, func, select, update
 
 from contracts.wire import RUN_CRASHED, RUN_STALLED, encode_float
 from monitor.db.models import Project, Run, RunTag
@@ -188,23 +188,86 @@ def restore_status(conn: Connection, run_id: int, snapshot: StatusSnapshot) -> b
     return result.first() is not None
 
 
-def touch_run(conn: Connection, run_id: int, last_step: int | None) -> str | None:
-    """Record activity (a batch): revive the run (`REVIVABLE`), note when a new last step arrived and its
-    seconds per step; `last_step` only ever grows. Returns the status the run had (None: no run)."""
-    now = datetime.now(timezone.utc)
-    row = conn.execute(
-        select(
-            runs.c.status, runs.c.status_final, runs.c.last_step, runs.c.last_step_at, runs.c.step_intervals
-        ).where(runs.c.id == run_id)
-    ).one_or_none()
+@dataclass(frozen=True)
+class RunActivity:
+    """A run as a batch's transaction reads it, once: whose it is (the caller's access check) and what
+    `touch_run` updates from."""
+
+    id: int
+    project_id: int
+    status: str
+    status_final: bool
+    last_step: int | None
+    last_step_at: datetime | None
+    step_intervals: list[Any] | None
+
+
+_ACTIVITY = select(
+    runs.c.id,
+    runs.c.project_id,
+    runs.c.status,
+    runs.c.status_final,
+    runs.c.last_step,
+    runs.c.last_step_at,
+    runs.c.step_intervals,
+).where(runs.c.id == bindparam("run_id"))
+"""Built once: a batch's run read is on every request's path."""
+
+
+def read_activity(conn: Connection, run_id: int) -> RunActivity | None:
+    """The run's owner and activity fields (None: no such run)."""
+    row = conn.execute(_ACTIVITY, {"run_id": run_id}).one_or_none()
     if row is None:
         return None
-    values: dict[str, Any] = {"last_seen_at": now, **_revive(row.status, row.status_final)}
-    if last_step is not None and (row.last_step is None or last_step > row.last_step):
+    return RunActivity(
+        int(row.id),
+        int(row.project_id),
+        str(row.status),
+        bool(row.status_final),
+        row.last_step,
+        row.last_step_at,
+        row.step_intervals,
+    )
+
+
+def touch_run(
+    conn: Connection,
+    run_id: int,
+    last_step: int | None,
+    seen: RunActivity | None = None,
+    first_step: int | None = None,
+) -> str | None:
+    """Record activity (a batch): revive the run (`REVIVABLE`), note when a new last step arrived and its
+    seconds per step; `last_step` only ever grows. Returns the status the run had (None: no run).
+
+    `first_step`: a metrics batch's first step; if it is at or below the run's last step, the batch
+    rewrote or completed history, and `history_rev` counts it (compared with the stored last step in the
+    UPDATE itself, under the row lock, so a concurrent batch that raised it is seen).
+
+    `seen`: the run as this transaction already read it (`read_activity`), so it is not read twice. The
+    update applies only while the status is still the one it was judged from; if it changed in between
+    (the liveness sweeper marked the run stalled), the run is read again and judged anew."""
+    run = seen if seen is not None else read_activity(conn, run_id)
+    while run is not None:
+        statement = (
+            update(runs)
+            .where(runs.c.id == run_id, runs.c.status == run.status)
+            .values(**_touch_values(conn, run, last_step), **_history_values(first_step))
+        )
+        if conn.execute(statement).rowcount:
+            return run.status
+        run = read_activity(conn, run_id)
+    return None
+
+
+def _touch_values(conn: Connection, run: RunActivity, last_step: int | None) -> dict[str, Any]:
+    now = datetime.now(timezone.utc)
+    values: dict[str, Any] = {"last_seen_at": now, **_revive(run.status, run.status_final)}
+    if last_step is not None and (run.last_step is None or last_step > run.last_step):
         values["last_step_at"] = now
-        if row.last_step is not None and row.last_step_at is not None:
-            per_step = (now - row.last_step_at).total_seconds() / (last_step - row.last_step)
-            kept = [float(x) for x in (row.step_intervals or []) if isinstance(x, (int, float))]
+        if run.last_step is not None and run.last_step_at is not None:
+            per_step = (now - run.last_step_at).total_seconds() / (last_step - run.last_step)
+            kept = [float(x) for x in (run.step_intervals or []) if isinstance(x, (int, float))]
             if math.isfinite(per_step) and per_step >= 0:
                 values["step_intervals"] = [*kept, per_step][-STEP_INTERVALS_KEPT:]
     if last_step is not None:
@@ -214,8 +277,14 @@ def touch_run(conn: Connection, run_id: int, last_step: int | None) -> str | Non
             if conn.dialect.name == "sqlite"
             else func.greatest(runs.c.last_step, last_step)
         )
-    conn.execute(update(runs).where(runs.c.id == run_id).values(**values))
-    return str(row.status)
+    return values
+
+
+def _history_values(first_step: int | None) -> dict[str, Any]:
+    if first_step is None:
+        return {}
+    rewrites = and_(runs.c.last_step.is_not(None), runs.c.last_step >= first_step)
+    return {"history_rev": case((rewrites, runs.c.history_rev + 1), else_=runs.c.history_rev)}
 
 
 def _revive(status: str, final: bool) -> dict[str, Any]:

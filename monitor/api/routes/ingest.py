@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from monitor.api.body import read_limited_body
@@ -43,7 +43,7 @@ async def ingest_metrics(
     request: Request,
     state: AppState = Depends(get_state),
     principal: Principal = Depends(get_principal),
-) -> IngestAckOut:
+) -> Response:
     """Store a batch of step metrics; a re-sent `batch_id` is acknowledged without writing again (409 if
     its payload differs from the first delivery's)."""
 
@@ -65,7 +65,7 @@ async def ingest_actions(
     request: Request,
     state: AppState = Depends(get_state),
     principal: Principal = Depends(get_principal),
-) -> IngestAckOut:
+) -> Response:
     """Store a batch of per-action records (likelihood deltas per model action)."""
 
     def work(body: bytes) -> IngestAck:
@@ -77,11 +77,12 @@ async def ingest_actions(
 
 async def _ingest(
     request: Request, state: AppState, kind: str, work: Callable[[bytes], IngestAck]
-) -> IngestAckOut:
+) -> Response:
     try:
         body = await read_limited_body(request, state.settings.max_body_bytes)
         ack = await run_in_threadpool(work, body)
     except (InvalidInput, PayloadTooLarge, Conflict):
         state.telemetry.record_rejected(kind)
         raise
-    return IngestAckOut.of(ack)
+    # Serialised here: returned as a model, FastAPI would validate it against `response_model` again.
+    return Response(IngestAckOut.of(ack).model_dump_json(), media_type="application/json")
