@@ -133,21 +133,26 @@ def test_a_likelihood_crash_with_an_entropy_surge_warns_with_its_caveat() -> Non
     assert LLD_CRASH not in detect_offline(np.arange(110), calm, CFG).kinds()
 
 
-def test_a_slow_entropy_doubling_with_degrading_validity_warns() -> None:
-    """A 7B agent: entropy ~1.0 -> 2.1 over ~15 steps, invalid actions 4 % -> 15 %, clipped responses 2 % ->
-    12 %, the reward not yet down (the 2x / z >= 4 explosion rule missed it)."""
+def entropy_doubling(n: int, reward_sd: float) -> Series:
+    """A 7B agent: entropy ~1.0 -> 2.1 over ~15 steps from step 80, invalid actions 4 % -> 15 %, clipped
+    responses 2 % -> 12 %, the reward at 0.5 in noise of `reward_sd`."""
     rng = np.random.default_rng(5)
-    n = 120
     t = np.arange(n, dtype=np.float64)
     ramp = np.clip((t - 80) / 15, 0, 1)
-    values: Series = {
-        M.REWARD_MEAN: 0.5 + rng.normal(0, 0.02, n),
+    return {
+        M.REWARD_MEAN: 0.5 + rng.normal(0, reward_sd, n),
         M.GRAD_NORM: np.exp(rng.normal(0, 0.1, n)),
         M.ENTROPY_MEAN: (1.0 + 1.1 * ramp) * (1 + rng.normal(0, 0.1, n)),
         M.ACTION_VALID_RATIO: 0.96 - 0.11 * ramp + rng.normal(0, 0.01, n),
         M.RESPONSE_CLIP_RATIO: 0.02 + 0.10 * ramp + np.abs(rng.normal(0, 0.005, n)),
         M.RESPONSE_LENGTH_MEAN: 300 * (1 + rng.normal(0, 0.03, n)),
     }
+
+
+def test_a_slow_entropy_doubling_with_degrading_validity_warns() -> None:
+    """The reward not yet down (the 2x / z >= 4 explosion rule missed it)."""
+    n = 120
+    values = entropy_doubling(n, 0.02)
     result = detect_offline(np.arange(n), values, CFG)
     rise = next(f for f in result.findings if f.kind == ENTROPY_RISE)
     assert rise.severity == "warning" and 80 < rise.first_step <= 100
@@ -255,17 +260,7 @@ def test_a_flat_noisy_reward_with_a_pathology_is_no_slide() -> None:
     """A reward that holds its level in batch noise while entropy doubles: its trailing mean is below the
     middle of its own (noise-wide) range half the time, a few SDs under its running best; a slide needs as
     many SDs as "reward to 0" does, so nothing is critical."""
-    rng = np.random.default_rng(5)
     n = 140
-    t = np.arange(n, dtype=np.float64)
-    ramp = np.clip((t - 80) / 15, 0, 1)
-    values: Series = {
-        M.REWARD_MEAN: 0.5 + rng.normal(0, 0.05, n),
-        M.GRAD_NORM: np.exp(rng.normal(0, 0.1, n)),
-        M.ENTROPY_MEAN: (1.0 + 1.1 * ramp) * (1 + rng.normal(0, 0.1, n)),
-        M.ACTION_VALID_RATIO: 0.96 - 0.11 * ramp + rng.normal(0, 0.01, n),
-        M.RESPONSE_LENGTH_MEAN: 300 * (1 + rng.normal(0, 0.03, n)),
-    }
-    result = detect_offline(t, values, CFG)
+    result = detect_offline(np.arange(n), entropy_doubling(n, 0.05), CFG)
     assert ENTROPY_RISE in result.kinds()
     assert not [f for f in result.findings if f.severity == "critical"] and COLLAPSE not in result.phases
