@@ -186,13 +186,16 @@ def tree_pids(pid: int) -> list[int]:
     return pids
 
 
-def backend_pids(db_url: str) -> list[int]:
-    """PostgreSQL backend processes connected to the database of `db_url`."""
+def backend_pids(db_url: str, application_name: str | None = None) -> list[int]:
+    """PostgreSQL backend processes connected to the database of `db_url` (only those of one engine,
+    told apart by its connections' `application_name`, when given)."""
     conninfo = _util.libpq_conninfo(db_url)
+    query = "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
     with psycopg.connect(conninfo) as conn:
-        rows = conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        ).fetchall()
+        if application_name is None:
+            rows = conn.execute(query).fetchall()
+        else:
+            rows = conn.execute(query + " AND application_name = %s", (application_name,)).fetchall()
     return [int(r[0]) for r in rows]
 
 

@@ -74,12 +74,7 @@ class Backends:
     `application_name`); the pool keeps its connections, so they are listed once streaming starts."""
 
     def __init__(self, db_url: str, application_name: str) -> None:
-        with psycopg.connect(_util.libpq_conninfo(db_url)) as conn:
-            rows = conn.execute(
-                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = %s",
-                (application_name,),
-            ).fetchall()
-        self.pids = [int(row[0]) for row in rows]
+        self.pids = _streaming.backend_pids(db_url, application_name)
 
     def cpu(self) -> float:
         return sum(_streaming.process_cpu(pid) for pid in self.pids)

@@ -55,7 +55,7 @@ class IngestService:
     def ingest_metrics(
         self, principal: Principal, run_id: int, batch_id: str, batch: MetricsColumns
     ) -> IngestAck:
-        last_step = max(batch.steps) if batch.steps else None
+        first_step, last_step = (min(batch.steps), max(batch.steps)) if batch.steps else (None, None)
         with self.telemetry.time_ingest("metrics"), self.db.write() as conn:
             run = _batch_run(conn, principal, run_id)
             previous = _claim(conn, run_id, "metrics", batch_id, batch, len(batch))
@@ -63,7 +63,6 @@ class IngestService:
                 ingest_store.write_metrics(conn, run_id, batch)
                 if not batch_id.startswith(IMPORT_BATCH_PREFIX):
                     _record_acknowledgements(conn, run_id, batch)
-                first_step = min(batch.steps) if batch.steps else None
                 run_store.touch_run(conn, run_id, last_step, run, first_step=first_step)
             else:  # a re-sent batch: nothing new for the detector
                 directive = event_store.current_directive(conn, run_id)
