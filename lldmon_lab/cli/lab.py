@@ -63,7 +63,8 @@ def lab_run(
         str | None, typer.Option(help=f"KL coefficients to the reference policy ({_LIST}: 0).")
     ] = None,
     llds: Annotated[
-        str | None, typer.Option(help="LLDS modes: off, on (static), auto (policy auto).")
+        str | None,
+        typer.Option(help="LLDS modes: off, on (static), auto (policy auto), heal (auto + rollback)."),
     ] = None,
     llds_lambda: Annotated[str | None, typer.Option(help=f"LLDS lambdas for on/auto ({_LIST}).")] = None,
     steps: Annotated[int | None, typer.Option(help="GRPO steps per run.")] = None,
@@ -71,7 +72,7 @@ def lab_run(
     batch_size: Annotated[int | None, typer.Option(help="Sequences per optimizer step.")] = None,
     model: Annotated[str | None, typer.Option(help="tiny, smollm2, a .gguf, a dir or HF id.")] = None,
     policy: Annotated[
-        str | None, typer.Option(help="Override the directive policy of every run (off, alert, auto).")
+        str | None, typer.Option(help="Override the directive policy of every run (off, alert, auto, heal).")
     ] = None,
     extra: Annotated[
         str | None, typer.Option(help="More script flags, verbatim, e.g. '--temperature 1.2'.")
@@ -195,18 +196,38 @@ def _print_groups(path: Path) -> None:
         payload = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return
-    table = Table("setting", "finished", "collapsed", "median collapse", "median lead", "best", "final")
+    table = Table(
+        "setting",
+        "finished",
+        "collapsed",
+        "rate [95% CI]",
+        "p vs off",
+        "median collapse",
+        "median lead",
+        "best",
+        "final",
+        "steps wasted",
+    )
     for g in payload.get("groups", []):
+        ci = g.get("collapse_ci")
+        p = g.get("p_vs_off")
         table.add_row(
             escape(g["group"]),
             f"{g['finished']}/{g['runs']}",
             str(g["collapsed"]),
+            "-" if ci is None else f"{g['collapse_rate']:.0%} [{ci[0]:.0%}, {ci[1]:.0%}]",
+            "-" if p is None else f"{p:.3g}",
             _num(g["median_collapse_step"]),
             _num(g["median_lead_time"]),
             _num(g["median_best_reward"], 3),
             _num(g["median_final_reward"], 3),
+            _num(g.get("steps_wasted")),
         )
     console.print(table)
+    console.print(
+        "[dim]rate: Wilson score 95% interval; p vs off: one-sided Fisher exact test against LLDS off of the "
+        "same other settings; reward intervals and the tests between arms: summary.md[/dim]"
+    )
 
 
 def _num(value: Any, digits: int = 0) -> str:

@@ -20,7 +20,12 @@ LLDS modes and what they pass to `examples/search_r1_grpo.py`:
 - `off`:  `--llds off --policy alert` (lldmon watches and alerts; nothing is switched on);
 - `on`:   `--llds on --llds-lambda L --policy alert` (static LLDS from step 0, the paper's setting);
 - `auto`: `--llds auto --policy auto` (the detector's directive switches LLDS on; `--llds-lambda L` if
-  given). A setting's `policy` overrides the policy above.
+  given);
+- `heal`: `--llds auto --policy heal` (`auto`, plus a rollback to the last healthy checkpoint on a
+  collapse critical; `--llds-lambda L` if given).
+A setting's `policy` overrides the policy above (`MODE_POLICY`). The policies a setting accepts are the
+service's directive policies (`contracts.wire.DIRECTIVE_POLICIES`) and those of the modes, so a mode's
+policy is valid here whatever that list holds.
 """
 
 from __future__ import annotations
@@ -36,9 +41,12 @@ from typing import Any, Final, Literal
 
 import tomllib
 
+from contracts.wire import DIRECTIVE_POLICIES
+
 __all__ = [
     "AXES",
     "LLDS_MODES",
+    "MODE_POLICY",
     "PRESETS",
     "GridError",
     "GridSpec",
@@ -50,8 +58,12 @@ __all__ = [
     "resolve_grid",
 ]
 
-LLDSMode = Literal["off", "on", "auto"]
-LLDS_MODES: Final[tuple[LLDSMode, ...]] = ("off", "on", "auto")
+LLDSMode = Literal["off", "on", "auto", "heal"]
+LLDS_MODES: Final[tuple[LLDSMode, ...]] = ("off", "on", "auto", "heal")
+MODE_POLICY: Final[Mapping[str, str]] = {"off": "alert", "on": "alert", "auto": "auto", "heal": "heal"}
+"""The directive policy (`--policy`) of each LLDS mode when a setting names none."""
+_SCRIPT_LLDS: Final[Mapping[str, str]] = {"off": "off", "on": "on", "auto": "auto", "heal": "auto"}
+"""The script's `--llds` of each mode: `heal` is `auto` with another policy."""
 REWARD_DESIGNS: Final = ("exact", "composite", "penalty", "centred", "success")
 """The script's `--reward-design` choices (its `REWARD_DESIGNS`; a test checks they agree)."""
 REWARD_FLOORS: Final[dict[str, float]] = {"exact": 0.0, "composite": 0.0, "success": 0.0}
@@ -59,7 +71,8 @@ REWARD_FLOORS: Final[dict[str, float]] = {"exact": 0.0, "composite": 0.0, "succe
 user would): the lowest reward a batch can score. `penalty` (its floor depends on the number of invalid
 actions) and `centred` (signed around a moving baseline) have none: they are judged scale-free."""
 DEFAULT_REWARD_DESIGN: Final = "exact"
-POLICIES: Final = ("off", "alert", "auto")
+POLICIES: Final = tuple(dict.fromkeys((*DIRECTIVE_POLICIES, *MODE_POLICY.values())))
+"""Policies a setting accepts: the service's, and every mode's own (module docstring)."""
 
 
 class GridError(ValueError):
@@ -117,7 +130,7 @@ class Setting:
     def effective_policy(self) -> str:
         if self.policy is not None:
             return self.policy
-        return "auto" if self.llds == "auto" else "alert"
+        return MODE_POLICY[self.llds]
 
     @property
     def key(self) -> str:
@@ -172,7 +185,7 @@ class Setting:
             args += ["--reward-design", self.reward_design]
         if self.beta is not None:
             args += ["--beta", repr(self.beta)]
-        args += ["--llds", self.llds, "--policy", self.effective_policy]
+        args += ["--llds", _SCRIPT_LLDS[self.llds], "--policy", self.effective_policy]
         if self.llds_lambda is not None and self.llds != "off":
             args += ["--llds-lambda", repr(self.llds_lambda)]
         return args + list(self.extra)
@@ -255,17 +268,27 @@ PRESETS: Final[Mapping[str, Mapping[str, Any]]] = {
     # at lr 3e-4 / 5e-4 with 2 or 4 steps per rollout batch.
     "healthy": {"seeds": [0, 1, 2, 3, 4], "steps": 400, "lr": [3e-4], "steps_per_generation": [2]},
     # late: lr 7e-4, 4 steps per rollout batch: 3 of 5 seeds collapsed (steps 93, 309, 341) in the
-    # recorded runs. Compared with LLDS off / static on / auto (README "Collapse lab").
+    # recorded runs; in one lab session over seeds 0-4, LLDS off 2/5, static on 0/5, auto 0/5 (README
+    # "Collapse lab"). Five seeds cannot separate the arms (one-sided Fisher p ~0.22 for 2/5 vs 0/5), so
+    # 20 seeds x off / static on / auto / heal (80 runs; resumable over sessions).
     "late": {
-        "seeds": [0, 1, 2, 3, 4],
+        "seeds": list(range(20)),
         "steps": 400,
         "lr": [7e-4],
         "steps_per_generation": [4],
-        "llds": ["off", "on", "auto"],
+        "llds": ["off", "on", "auto", "heal"],
         "llds_lambda": [0.2],
     },
-    # early: lr 1e-3, 4 steps per rollout batch: 5 of 5 seeds collapsed at steps 13-21 (reward ~0.3 -> 0).
-    "early": {"seeds": [0, 1, 2, 3, 4], "steps": 80, "lr": [1e-3], "steps_per_generation": [4]},
+    # early: lr 1e-3, 4 steps per rollout batch: 5 of 5 seeds collapsed at steps 13-21 (reward ~0.3 -> 0)
+    # with LLDS off. 10 seeds x off / static on / auto / heal (40 runs): whether anything helps when
+    # the run is dead before phase-II evidence can exist.
+    "early": {
+        "seeds": list(range(10)),
+        "steps": 80,
+        "lr": [1e-3],
+        "steps_per_generation": [4],
+        "llds": ["off", "on", "auto", "heal"],
+    },
 }
 """Named grids (same keys as a grid file). Edit here when the regimes are found."""
 
