@@ -68,7 +68,10 @@ FINISH_STATUSES: Final = ("finished", "failed", RUN_CRASHED)
 RUN_STATUSES: Final = ("running", *FINISH_STATUSES, RUN_STALLED)
 ALERT_RUN_STALLED: Final = "run_stalled"
 """Alert kind raised by the liveness sweeper (warning when stalled, critical once crashed)."""
-DIRECTIVE_POLICIES: Final = ("off", "alert", "auto")
+ALERT_HEAL_EXHAUSTED: Final = "heal_exhausted"
+"""Alert kind raised when policy `heal` meets a collapse after its last allowed rollback (critical; it
+requested a stop instead)."""
+DIRECTIVE_POLICIES: Final = ("off", "alert", "auto", "heal")
 
 
 def encode_float(value: float) -> float | str:

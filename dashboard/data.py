@@ -37,6 +37,7 @@ def signature(rc: RunContext) -> str:
         ",".join(f"{e.id}" for e in rc.phases),
         ",".join(f"{a.id}:{a.status}:{a.last_step}" for a in rc.alerts),
         ",".join(f"{d.version}:{d.applied_step}" for d in rc.directives),  # acks show in the timeline
+        ",".join(f"{r.id}" for r in rc.rollbacks),
     ]
     return "|".join(parts)
 

@@ -46,6 +46,7 @@ from dashboard.theme import (
     MARKER_SYMBOLS,
     PHASE_COLORS,
     PHASE_MARKER_COLOR,
+    ROLLBACK_COLOR,
     SERIES_COLORS,
     SEVERITY_COLORS,
 )
@@ -55,7 +56,7 @@ from monitor.detector.explain import (
     explain_finding,
     explain_phase_change,
 )
-from monitor.domain import ActionSummaries, AlertInfo, DirectiveInfo, PhaseEventInfo, Series
+from monitor.domain import ActionSummaries, AlertInfo, DirectiveInfo, PhaseEventInfo, RollbackInfo, Series
 
 PANEL_HEIGHT = 270
 ACTION_HEIGHT = PANEL_HEIGHT + 30
@@ -212,10 +213,44 @@ def _phase_hover(e: PhaseEventInfo) -> str:
     return "<br>".join([f"<b>phase {_wrap(headline)}</b>", *_hover_lines(lines)])
 
 
+def rollback_markers(rollbacks: Sequence[RollbackInfo]) -> list[Marker]:
+    """One marker per rollback, at the step it restored: the steps after it were trained, undone and
+    trained again (the series show the new attempt)."""
+    return [
+        Marker(
+            step=r.to_step,
+            group="rollback",
+            label="rolled back",
+            color=ROLLBACK_COLOR,
+            symbol=MARKER_SYMBOLS["rollback"],
+            hover="<br>".join(
+                [
+                    f"<b>rolled back to step {r.to_step}</b> from step {r.from_step}",
+                    f"{r.steps_redone} steps redone (directive v{r.version})",
+                    "undone: "
+                    + esc(
+                        ", ".join(f"{p['phase']} at {p['step']}" for p in r.undone_phases)
+                        or "no phase change"
+                    ),
+                ]
+            ),
+        )
+        for r in rollbacks
+    ]
+
+
 def markers_of(
-    alerts: Sequence[AlertInfo], directives: Sequence[DirectiveInfo], events: Sequence[PhaseEventInfo]
+    alerts: Sequence[AlertInfo],
+    directives: Sequence[DirectiveInfo],
+    events: Sequence[PhaseEventInfo],
+    rollbacks: Sequence[RollbackInfo] = (),
 ) -> list[Marker]:
-    return [*phase_markers(events), *alert_markers(alerts), *directive_markers(directives)]
+    return [
+        *phase_markers(events),
+        *alert_markers(alerts),
+        *directive_markers(directives),
+        *rollback_markers(rollbacks),
+    ]
 
 
 @dataclass(frozen=True)
@@ -277,10 +312,20 @@ def legend_entries() -> list[LegendEntry]:
         )
         for enabled, color in sorted(DIRECTIVE_COLORS.items(), reverse=True)
     ]
+    entries.append(
+        LegendEntry(
+            "rollback",
+            "rollback",
+            "rollback",
+            ROLLBACK_COLOR,
+            MARKER_SYMBOLS["rollback"],
+            "the trainer restored this step's checkpoint; the steps after it were trained again",
+        )
+    )
     return entries
 
 
-_MARKER_Y = {"phase": 0.02, "alert": 0.05, "directive": 0.11}
+_MARKER_Y = {"phase": 0.02, "alert": 0.05, "directive": 0.11, "rollback": 0.08}
 
 
 def marker_trace(markers: Sequence[Marker]) -> dict[str, Any]:

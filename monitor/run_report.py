@@ -77,6 +77,17 @@ def summary_json(s: RunSummary) -> dict[str, Any]:
         "alerts": [_alert_json(a) for a in s.alerts],
         "directive": _directive_json(s.directive),
         "directives": [_directive_json(d) for d in s.directives],
+        "rollbacks": [
+            {
+                "from_step": r.from_step,
+                "to_step": r.to_step,
+                "steps_redone": r.steps_redone,
+                "version": r.version,
+                "undone_phases": r.undone_phases,
+                "created_at": _iso(r.created_at),
+            }
+            for r in s.rollbacks
+        ],
     }
 
 
@@ -117,6 +128,12 @@ def render_summary(s: RunSummary, console: Console) -> None:
         console.print(table)
     else:
         console.print("no phase changes yet")
+    for r in s.rollbacks:
+        undone = ", ".join(f"{p['phase']} at {p['step']}" for p in r.undone_phases) or "no phase changes"
+        console.print(
+            f"rolled back {_when(r.created_at)}: trained to step {r.from_step}, restored step {r.to_step} "
+            f"({_n(r.steps_redone, 'step')} redone; undone: {shown(undone)})"
+        )
 
     if s.alerts:
         table = Table(

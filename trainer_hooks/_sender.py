@@ -106,7 +106,7 @@ class Sender:
         self._closing = threading.Event()
         self._close_deadline: float | None = None
         self._net_deadline_at = float("inf")
-        self._close_status: RunStatus = "finished"
+        self._close_status: RunStatus | None = "finished"
         self._finish_acknowledged = False
         self._sender_exited = False
 
@@ -161,10 +161,10 @@ class Sender:
             self._cond.wait_for(lambda: self._done >= target or self._sender_exited, timeout)
             return self._done >= target
 
-    def close(self, timeout: float, status: RunStatus) -> None:
-        """Deliver what is queued, mark the run `status`, stop the thread, all within about
-        `timeout` seconds; what is left then goes to the spool, with the final status if the service
-        does not have it."""
+    def close(self, timeout: float, status: RunStatus | None) -> None:
+        """Deliver what is queued, mark the run `status` (None: leave it running, for a job that is
+        restarted), stop the thread, all within about `timeout` seconds; what is left then goes to the
+        spool, with the final status if the service does not have it."""
         self._close_status = status
         timeout = max(0.0, float(timeout))
         self._close_deadline = time.monotonic() + timeout
@@ -206,11 +206,11 @@ class Sender:
         with contextlib.suppress(queue.Full):
             self.queue.put_nowait(_WAKE)
 
-    def _report_leftovers(self, status: RunStatus) -> None:
+    def _report_leftovers(self, status: RunStatus | None) -> None:
         """After close: what stays in the spool, and how to send it; the run's final status goes
         there too (for `lldmon sync`) unless the service has it and nothing is left."""
         left, size = spool.spool_size(self.spool_dir)
-        if left or not self._finish_acknowledged:
+        if status is not None and (left or not self._finish_acknowledged):
             spool.write_finish(self.spool_dir, self.identity, status)
         if left:
             logger.warning(
@@ -622,6 +622,9 @@ class Sender:
 
     def _finish_run(self) -> None:
         run_id = self.run_id
+        if self._close_status is None:  # the job is restarted: the run goes on
+            self._finish_acknowledged = True
+            return
         if run_id is None or not self._network_allowed():
             return
         reply = self._session.request(

@@ -297,8 +297,9 @@ class MonitorClient:
             self._warn(("flush", type(exc).__name__), "lldmon: flush() failed: %s", exc)
             return False
 
-    def close(self, timeout: float = 10.0, status: RunStatus = "finished") -> None:
-        """Flush, mark the run finished (`status`), stop the sender. Idempotent, never raises.
+    def close(self, timeout: float = 10.0, status: RunStatus | None = "finished") -> None:
+        """Flush, mark the run finished (`status`; None: leave it running, for a job that
+        `lldmon supervise` restarts), stop the sender. Idempotent, never raises.
 
         Returns within about `timeout` seconds: what cannot be delivered by then is spooled.
         """

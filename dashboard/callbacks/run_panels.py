@@ -68,7 +68,8 @@ def overlay_of(rc: RunContext) -> Overlay:
         "band_end": band_end,
         "signature": data.signature(rc),
         "shapes": band_shapes(phase_bands(rc.phases, band_end)),
-        "markers": marker_trace(markers_of(rc.alerts, rc.directives, rc.phases)),
+        "markers": marker_trace(markers_of(rc.alerts, rc.directives, rc.phases, rc.rollbacks)),
+        "rollbacks": len(rc.rollbacks),
     }
 
 
@@ -83,6 +84,7 @@ def valid_overlay(overlay: object, run_id: int) -> Overlay | None:
         and isinstance(shapes, list)
         and all(isinstance(shape, dict) for shape in shapes)
         and isinstance(markers, dict)
+        and _is_step(overlay.get("rollbacks"), 0)
     ):
         return None
     return overlay
@@ -111,6 +113,7 @@ def load_panel(
         "appended": 0,
         "signature": overlay["signature"],
         "log_range": _log_range(panel, series.values()),
+        "rollbacks": overlay["rollbacks"],
     }
     return figure, cursor
 
@@ -155,6 +158,7 @@ def valid_cursor(cursor: object, run_id: int, panel: Panel) -> Cursor | None:
         and all(isinstance(name, str) and name in panel.metrics for name in present)
         and len(set(present)) == len(present)
         and _is_step(appended, 0)
+        and _is_step(cursor.get("rollbacks", 0), 0)
         and isinstance(cursor.get("signature"), str)
         and (
             extent is None
@@ -235,8 +239,10 @@ def _refresh(
             continue
         had: list[str] = list(cursor["present"])
         appended = int(cursor["appended"]) + max((len(s.steps) for s in arrived.values()), default=0)
-        if appended > rebuild_after or any(name not in had for name in arrived):
-            # A metric shows up for the first time, or many raw points piled up: redraw the panel.
+        rolled_back = overlay["rollbacks"] != cursor.get("rollbacks", 0)
+        if appended > rebuild_after or rolled_back or any(name not in had for name in arrived):
+            # A metric shows up for the first time, many raw points piled up, or the run rolled back
+            # (the steps after the restored one were replaced): redraw the panel.
             outputs[i], new_cursors[i] = load_panel(
                 state, principal, run_id, panel, overlay, max_points=max_points
             )
@@ -263,6 +269,7 @@ def _refresh(
             "appended": appended,
             "signature": overlay["signature"],
             "log_range": extent,
+            "rollbacks": overlay["rollbacks"],
         }
     return outputs, new_cursors
 

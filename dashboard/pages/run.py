@@ -141,8 +141,12 @@ def directive_status(directive: DirectiveInfo, policy: str) -> Component:
 
 
 def lever_text(d: DirectiveInfo) -> str:
-    """Checkpoint/stop requests and how far the trainer acknowledged them, in words."""
+    """Checkpoint/rollback/stop requests and how far the trainer acknowledged them, in words."""
     parts = [f"checkpoint request #{d.checkpoint}" if d.checkpoint else "no checkpoint request"]
+    if d.rollback:
+        parts.append(f"rollback request #{d.rollback} to step {d.rollback_to}")
+    if d.lr_scale != 1.0:
+        parts.append(f"learning rate x{d.lr_scale:g}")
     parts.append(f"stop requested (#{d.stop})" if d.stop else "no stop request")
     parts.append(f"stop on collapse {'on' if d.stop_on_collapse else 'off'}")
     ack = (

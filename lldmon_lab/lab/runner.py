@@ -59,6 +59,10 @@ from lldmon_lab.labels import collapse_step, trailing_means
 __all__ = ["LabError", "LabOptions", "LabReport", "default_jobs", "run_lab", "write_summary"]
 
 TRAINING_PACKAGES: Final = ("torch", "transformers", "trl", "datasets", "bm25s")
+HEAL_POLICY: Final = "heal"
+HEAL_SAVE_STEPS: Final = 10
+"""Checkpoint interval of `heal` runs: a collapse without a decay warning (whose checkpoint `heal`
+restores first) rolls back at most this many steps further than it must."""
 _LIVE_ROWS_DONE: Final = 6
 """Finished runs kept in the live table under the running ones."""
 
@@ -252,6 +256,8 @@ class _Api:
         alerts.raise_for_status()
         directives = self.http.get(f"/runs/{run_id}/directives")
         directives.raise_for_status()
+        rollbacks = self.http.get(f"/runs/{run_id}/rollbacks")
+        rollbacks.raise_for_status()
         info = run.json()
         return {
             "run": {
@@ -284,6 +290,11 @@ class _Api:
                     "reason": d["reason"],
                 }
                 for d in directives.json()
+            ],
+            # what `results.steps_wasted` counts as redone (the undone phases are in the service)
+            "rollbacks": [
+                {k: r[k] for k in ("from_step", "to_step", "version", "undone_phases")}
+                for r in rollbacks.json()
             ],
         }
 
@@ -394,6 +405,10 @@ class _Lab:
         ]
         if self.o.token:
             command += ["--lldmon-token", self.o.token]
+        if spec.setting.effective_policy == HEAL_POLICY:
+            # `heal` rolls back to checkpoints: periodic ones, under the supervisor that restarts the job
+            command += ["--save-steps", str(HEAL_SAVE_STEPS)]
+            command = [self.o.python, "-m", "trainer_hooks.supervise", "--", *command]
         return command
 
     def _start(self, spec: RunSpec, api: _Api, url: str, script: Path) -> None:

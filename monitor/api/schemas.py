@@ -11,7 +11,15 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from contracts.directive import DEFAULT_LLDS_LAMBDA, MAX_LLDS_LAMBDA, MAX_REASON_CHARS
 from contracts.wire import encode_float
 from monitor.detector.explain import explain_finding, explain_phase_change
-from monitor.domain import AlertInfo, DirectiveInfo, IngestAck, PhaseEventInfo, RunInfo, RunSummary
+from monitor.domain import (
+    AlertInfo,
+    DirectiveInfo,
+    IngestAck,
+    PhaseEventInfo,
+    RollbackInfo,
+    RunInfo,
+    RunSummary,
+)
 from monitor.surrogates import invalid_text_path
 
 Name = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00]+$")]
@@ -99,7 +107,7 @@ class RunFinish(_Strict):
 
 
 class PolicyIn(_Strict):
-    policy: Literal["off", "alert", "auto"]
+    policy: Literal["off", "alert", "auto", "heal"]
 
 
 class RunOut(BaseModel):
@@ -152,6 +160,16 @@ class DirectiveOut(BaseModel):
     stop: int = Field(description="Id of the standing stop request (the version that made it); 0: none.")
     stop_reason: str
     stop_on_collapse: bool = Field(description="Whether entering collapse requests a stop (opt-in per run).")
+    rollback: int = Field(
+        0, description="Id of the latest rollback request (the version that made it); 0: none."
+    )
+    rollback_to: int | None = Field(
+        None, description="The rollback request's step: restore the newest checkpoint saved at or before it."
+    )
+    lr_scale: float = Field(
+        1.0,
+        description="Factor on the learning rate the job started with, applied when it restores a checkpoint.",
+    )
     applied_version: int = Field(description="The highest version the trainer acknowledged.")
     applied_step: int | None = Field(
         None, description="In GET /directives: the first step at which the trainer acknowledged this version."
@@ -169,10 +187,22 @@ class LLDSIn(_Strict):
     lam: float = Field(default=DEFAULT_LLDS_LAMBDA, ge=0, le=MAX_LLDS_LAMBDA)
 
 
+class RollbackIn(_Strict):
+    to_step: int = Field(
+        ge=0, le=2**63 - 1, description="Restore the newest checkpoint saved at or before this step."
+    )
+    lr_scale: float | None = Field(
+        None, gt=0, le=1, description="Factor on the learning rate the job started with (omitted: unchanged)."
+    )
+
+
 class DirectiveIn(_Strict):
     """A manual change: any of the levers; what is left out keeps its value."""
 
     llds: LLDSIn | None = None
+    rollback: RollbackIn | None = Field(
+        None, description="Request a rollback (the trainer restores a checkpoint and continues from it)."
+    )
     checkpoint: bool = Field(
         False, description="true: request a checkpoint now (each request is saved once)."
     )
@@ -182,9 +212,16 @@ class DirectiveIn(_Strict):
 
     @model_validator(mode="after")
     def _something(self) -> DirectiveIn:
-        if self.llds is None and not self.checkpoint and self.stop is None and self.stop_on_collapse is None:
+        if (
+            self.llds is None
+            and self.rollback is None
+            and not self.checkpoint
+            and self.stop is None
+            and self.stop_on_collapse is None
+        ):
             raise PydanticCustomError(
-                "nothing_to_change", "nothing to change: give llds, checkpoint, stop or stop_on_collapse"
+                "nothing_to_change",
+                "nothing to change: give llds, checkpoint, rollback, stop or stop_on_collapse",
             )
         return self
 
@@ -345,6 +382,33 @@ class MetricLastOut(BaseModel):
     )
 
 
+class RollbackOut(BaseModel):
+    """A rollback the trainer carried out: steps `to_step + 1` to `from_step` were trained, undone (their
+    metrics replaced by the new attempt's) and trained again."""
+
+    id: int
+    from_step: int
+    to_step: int
+    steps_redone: int
+    version: int = Field(description="The directive version whose request it carried out (0: not known).")
+    undone_phases: list[dict[str, Any]] = Field(
+        description="The phase changes of the undone steps (no longer in the run's phase history)."
+    )
+    created_at: datetime
+
+    @classmethod
+    def of(cls, r: RollbackInfo) -> RollbackOut:
+        return cls(
+            id=r.id,
+            from_step=r.from_step,
+            to_step=r.to_step,
+            steps_redone=r.steps_redone,
+            version=r.version,
+            undone_phases=r.undone_phases,
+            created_at=r.created_at,
+        )
+
+
 class RunSummaryOut(BaseModel):
     """A run at a glance (what `lldmon runs show` prints), read in one transaction so the parts agree."""
 
@@ -355,6 +419,7 @@ class RunSummaryOut(BaseModel):
     alerts: list[AlertOut]
     directives: list[DirectiveOut]
     directive: DirectiveOut
+    rollbacks: list[RollbackOut] = Field(default_factory=list)
 
     @classmethod
     def of(cls, s: RunSummary) -> RunSummaryOut:
@@ -375,6 +440,7 @@ class RunSummaryOut(BaseModel):
             alerts=[AlertOut.of(a) for a in s.alerts],
             directives=[DirectiveOut.of(d) for d in s.directives],
             directive=DirectiveOut.of(s.directive),
+            rollbacks=[RollbackOut.of(r) for r in s.rollbacks],
         )
 
 

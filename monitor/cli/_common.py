@@ -59,7 +59,7 @@ def quoted(text: object) -> str:
 # an empty answer. The same values as contracts.wire's RUN_STATUSES and DIRECTIVE_POLICIES (a test checks).
 RunStatus = Literal["running", "finished", "failed", "crashed", "stalled"]
 AlertStatus = Literal["open", "acknowledged", "resolved"]
-Policy = Literal["off", "alert", "auto"]
+Policy = Literal["off", "alert", "auto", "heal"]
 
 DatabaseUrl = Annotated[
     str | None,

@@ -35,6 +35,7 @@ from monitor.domain import (
     MetricSummary,
     PhaseEventInfo,
     Principal,
+    RollbackInfo,
     RunFilter,
     RunInfo,
     RunSummary,
@@ -374,6 +375,19 @@ def _summary_of(run_id: int, body: dict[str, Any]) -> RunSummary:
         alerts=[alert_of(run_id, a) for a in body["alerts"]],
         directives=[directive_of(d) for d in body["directives"]],
         directive=directive_of(body["directive"]),
+        rollbacks=[rollback_of(run_id, r) for r in body.get("rollbacks", [])],  # absent from older servers
+    )
+
+
+def rollback_of(run_id: int, body: dict[str, Any]) -> RollbackInfo:
+    return RollbackInfo(
+        id=body["id"],
+        run_id=run_id,
+        from_step=body["from_step"],
+        to_step=body["to_step"],
+        version=body["version"],
+        undone_phases=list(body["undone_phases"]),
+        created_at=_time(body["created_at"]),
     )
 
 
@@ -397,6 +411,8 @@ class RemoteDirectives:
         stop: bool | None = None,
         stop_on_collapse: bool | None = None,
         reason: str = "",
+        rollback_to: int | None = None,
+        lr_scale: float | None = None,
     ) -> DirectiveInfo:
         """PUT /directive: what is left out keeps its value (as `DirectiveService.set_manual`)."""
         body: dict[str, Any] = {"reason": reason}
@@ -412,6 +428,8 @@ class RemoteDirectives:
             body["stop"] = stop
         if stop_on_collapse is not None:
             body["stop_on_collapse"] = stop_on_collapse
+        if rollback_to is not None:
+            body["rollback"] = {"to_step": rollback_to, "lr_scale": lr_scale}
         return self.api.json("PUT", f"/runs/{run_id}/directive", json=body, decode=directive_of)
 
 

@@ -87,7 +87,7 @@ class Run(Base):
     __table_args__ = (
         UniqueConstraint("project_id", "name", name="uq_runs_project_id_name"),
         CheckConstraint("status IN ('running', 'finished', 'failed', 'crashed', 'stalled')", name="status"),
-        CheckConstraint("directive_policy IN ('off', 'alert', 'auto')", name="directive_policy"),
+        CheckConstraint("directive_policy IN ('off', 'alert', 'auto', 'heal')", name="directive_policy"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -241,6 +241,28 @@ class Directive(Base):
     """Whether a person set LLDS in this or an earlier version (then the detector never changes it)."""
     applied_step: Mapped[int | None] = mapped_column(BigInteger)
     """The step of the first acknowledgement that covered this version (revision 0009); None: none yet."""
+    # the rollback lever (revision 0013): a request id as above, its step and the learning-rate factor
+    rollback: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    rollback_to: Mapped[int | None] = mapped_column(BigInteger)
+    lr_scale: Mapped[float] = mapped_column(Double, default=1.0, server_default="1.0")
+
+
+class Rollback(Base):
+    """A rollback a trainer carried out: it had trained up to `from_step`, restored its checkpoint of
+    `to_step` and trains steps `to_step + 1`.. again (their metrics replace the first attempt's). The
+    phase events of the undone steps move here (`undone_phases`), out of the run's phase history."""
+
+    __tablename__ = "rollbacks"
+    __table_args__ = (Index("ix_rollbacks_run_id_from_step", "run_id", "from_step"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    from_step: Mapped[int] = mapped_column(BigInteger)
+    to_step: Mapped[int] = mapped_column(BigInteger)
+    version: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    """The directive version whose request the trainer carried out (0: not known)."""
+    undone_phases: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), server_default=_now())
 
 
 class IngestBatch(Base):

@@ -22,7 +22,7 @@ PARTITION_KEY = "run_id"
 LARGE_TABLES: tuple[str, ...] = ("step_metrics", "action_blocks", "ingest_batches")
 """Tables whose size grows per step (metrics, action blocks, the per-batch ledger); keyed by run first."""
 
-PER_RUN_SMALL_TABLES: tuple[str, ...] = ("run_tags", "phase_events", "alerts", "directives")
+PER_RUN_SMALL_TABLES: tuple[str, ...] = ("run_tags", "phase_events", "alerts", "directives", "rollbacks")
 """Tables with a run_id that grow per event, not per step: left unpartitioned (a few rows per run)."""
 
 

@@ -29,14 +29,14 @@ from typing import Any, Final
 from sqlalchemy import Connection
 
 from contracts.metrics import CANONICAL_METRICS
-from contracts.wire import encode_json
+from contracts.wire import ALERT_HEAL_EXHAUSTED, encode_json
 from monitor.detector import DetectorConfig, DetectorState, SeriesWindow, update
 from monitor.detector.findings import ALL_KINDS as DETECTOR_ALERT_KINDS
 from monitor.domain import ActiveCondition, DirectiveInfo, Principal
 from monitor.errors import InvalidInput, NotFound
 from monitor.services.alerts import AlertRun, AlertService, Notifications
 from monitor.services.detection_cache import CachedWindow, WindowCache, extend, from_step
-from monitor.services.directives import DirectiveService
+from monitor.services.directives import AutoOutcome, DirectiveService
 from monitor.services.runs import RunService
 from monitor.store import Database
 from monitor.store import detection as detection_store
@@ -155,7 +155,7 @@ class DetectionService:
                 last_step=last_step,
             )
             entered = [(c.phase, c.step) for c in result.phase_changes]
-            directive = self.directives.apply_auto(
+            outcome = self.directives.apply_auto(
                 conn,
                 run_id,
                 target.policy,
@@ -164,7 +164,56 @@ class DetectionService:
                 entered,
                 phase_since=result.state.phase_since,
             )
-        return directive, step_max is not None, notifications
+            if outcome.heal_exhausted is not None:
+                notifications += self._heal_exhausted(conn, target, result.state.phase, last_step, outcome)
+        return outcome.directive, step_max is not None, notifications
+
+    def _heal_exhausted(
+        self,
+        conn: Connection,
+        target: detection_store.DetectionTarget,
+        phase: str,
+        step: int,
+        outcome: AutoOutcome,
+    ) -> Notifications:
+        """Open the critical that says `heal` gave up on the run (it stays open: no detector pass judges
+        its kind)."""
+        condition = ActiveCondition(
+            ALERT_HEAL_EXHAUSTED,
+            "critical",
+            step,
+            f"heal gave up and requested a stop: {outcome.heal_exhausted}",
+            {"directive_version": outcome.directive.version},
+        )
+        return self.alerts.judge(
+            conn,
+            AlertRun(target.run_id, target.name, target.project, phase),
+            [condition],
+            kinds={ALERT_HEAL_EXHAUSTED},
+            last_step=step,
+            hysteresis=False,
+        )
+
+    def rewind(self, conn: Connection, run_id: int, to_step: int) -> None:
+        """Put the run's detector back to where it stood after judging `to_step` (a rollback: the steps
+        after it are being trained again), in the caller's transaction, which holds the run's lock.
+
+        The state is recomputed by judging the stored steps up to `to_step` from scratch, which gives the
+        state the online passes had there (online == offline); what that replay finds was recorded
+        when those steps were first judged, so only the state is kept."""
+        self.windows.forget(run_id)
+        target = detection_store.lock_run(conn, run_id)
+        if target is None:
+            raise NotFound(f"run {run_id} does not exist")
+        config = DetectorConfig().with_overrides(target.overrides)
+        window = SeriesWindow(
+            *detection_store.read_window(conn, run_id, detector_inputs(config), None, to_step)
+        )
+        if len(window.steps) == 0:
+            detection_store.reset_state(conn, run_id)
+            return
+        state = update(window, None, config).state
+        detection_store.save_state(conn, run_id, encode_json(state.to_dict()), state.phase)
 
     @staticmethod
     def _chunk_end(

@@ -6,7 +6,9 @@ version, so the API, the dashboard, the CLI and the detector cannot disagree on 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from sqlalchemy import Connection
 
@@ -14,7 +16,15 @@ from contracts.directive import SOURCE_DETECTOR, SOURCE_MANUAL, directive_proble
 from monitor.config import Settings
 from monitor.domain import DirectiveInfo, Principal
 from monitor.errors import InvalidInput
-from monitor.services.directive_policy import DirectiveRule, decide, decide_levers, explain
+from monitor.services.directive_policy import (
+    HEAL,
+    STOP_PHASE,
+    DirectiveRule,
+    HealContext,
+    decide,
+    decide_levers,
+    explain,
+)
 from monitor.services.runs import RunService
 from monitor.store import Database
 from monitor.store import events as event_store
@@ -27,7 +37,23 @@ def rule_from(settings: Settings) -> DirectiveRule:
         lam=settings.llds_lambda,
         lam_max=settings.llds_lambda_max,
         escalate_after=settings.llds_escalate_after_steps,
+        max_rollbacks=settings.heal_max_rollbacks,
+        heal_lr_scale=settings.heal_lr_scale,
     )
+
+
+def current_scale(conn: Connection, run_id: int) -> float:
+    """The learning-rate factor in force (a new one multiplies it: factors are cumulative)."""
+    return event_store.current_directive(conn, run_id).lr_scale
+
+
+@dataclass(frozen=True)
+class AutoOutcome:
+    """What the closed loop left in force after a detector pass, and why `heal` gave up (None: it did
+    not), which the detector raises as an alert."""
+
+    directive: DirectiveInfo
+    heal_exhausted: str | None = None
 
 
 class DirectiveService:
@@ -57,22 +83,35 @@ class DirectiveService:
         stop: bool | None = None,
         stop_on_collapse: bool | None = None,
         reason: str = "",
+        rollback_to: int | None = None,
+        lr_scale: float | None = None,
     ) -> DirectiveInfo:
         """Manual change by a user, recorded as a new directive version with its reason: switch LLDS,
-        request a checkpoint (`checkpoint=True`), request or withdraw a stop, opt in or out of
-        stop-on-collapse. What is left None keeps its value."""
+        request a checkpoint (`checkpoint=True`) or a rollback to `rollback_to` (learning rate times
+        `lr_scale`, None: unchanged), request or withdraw a stop, opt in or out of stop-on-collapse.
+        What is left None keeps its value."""
         problem = directive_problem(lam, reason)
         if problem is not None:
             raise InvalidInput(problem[1], field=problem[0])
+        if rollback_to is not None and rollback_to < 0:
+            raise InvalidInput(f"the rollback step must be >= 0, got {rollback_to}", field="rollback")
+        if lr_scale is not None and not (
+            rollback_to is not None and math.isfinite(lr_scale) and 0 < lr_scale <= 1
+        ):
+            raise InvalidInput(
+                f"lr_scale goes with a rollback and must be in (0, 1], got {lr_scale!r}", field="lr_scale"
+            )
         sets_llds = llds_enabled is not None or lam is not None
-        if not (sets_llds or checkpoint or stop is not None or stop_on_collapse is not None):
-            raise InvalidInput("nothing to change: give llds, checkpoint, stop or stop_on_collapse")
+        rolls_back = rollback_to is not None
+        if not (sets_llds or checkpoint or rolls_back or stop is not None or stop_on_collapse is not None):
+            raise InvalidInput("nothing to change: give llds, checkpoint, rollback, stop or stop_on_collapse")
         run = self.runs.get(principal, run_id)
         reason = reason or "manual " + ", ".join(
             what
             for what, given in (
                 ("override", sets_llds),
                 ("checkpoint request", checkpoint),
+                (f"rollback to step {rollback_to}", rolls_back),
                 ("stop request" if stop else "stop withdrawn", stop is not None),
                 (f"stop-on-collapse {'on' if stop_on_collapse else 'off'}", stop_on_collapse is not None),
             )
@@ -88,6 +127,8 @@ class DirectiveService:
                 stop=stop,
                 stop_reason=reason if stop else "",
                 stop_on_collapse=stop_on_collapse,
+                rollback_to=rollback_to,
+                lr_scale=None if lr_scale is None else current_scale(conn, run_id) * lr_scale,
                 reason=reason,
                 source=SOURCE_MANUAL,
                 step=run.last_step,
@@ -109,26 +150,38 @@ class DirectiveService:
         entered: Sequence[tuple[str, int]],
         *,
         phase_since: int | None = None,
-    ) -> DirectiveInfo:
+    ) -> AutoOutcome:
         """The closed loop, in the detector's transaction (the run row locked): after judging up to
         `step`, now in `phase` (since step `phase_since`), having entered the phases `entered` as
-        (phase, step), record what the rules change (LLDS, checkpoint, stop) as one version, with one
-        reason; returns the directive in force."""
+        (phase, step), record what the rules change (LLDS, checkpoint, rollback, stop) as one version,
+        with one reason; returns the directive in force."""
         directive = event_store.current_directive(conn, run_id)
         change = decide(policy, phase, step, directive, self.rule, phase_since=phase_since)
-        levers = decide_levers(policy, entered, directive)
+        heal = None
+        if policy == HEAL and any(p == STOP_PHASE for p, _ in entered):
+            heal = HealContext(
+                rollbacks_used=event_store.rollback_requests(conn, run_id),
+                decay_entry=event_store.latest_entry(conn, run_id, "decay"),
+            )
+        levers = decide_levers(policy, entered, directive, self.rule, heal)
         if change is None and levers is None:
-            return directive
+            return AutoOutcome(directive)
+        llds = levers.llds if levers is not None and levers.llds is not None else None
+        if llds is None and change is not None:
+            llds = change.llds
         event_store.append_directive(
             conn,
             run_id,
-            llds_enabled=change.llds.enabled if change is not None else None,
-            lam=change.llds.lam if change is not None else None,
+            llds_enabled=llds.enabled if llds is not None else None,
+            lam=llds.lam if llds is not None else None,
             checkpoint=levers is not None and levers.checkpoint,
             stop=True if levers is not None and levers.stop else None,
             stop_reason=levers.reason if levers is not None and levers.stop else "",
+            rollback_to=levers.rollback_to if levers is not None else None,
+            lr_scale=levers.lr_scale if levers is not None else None,
             reason=explain([cause for c in (change, levers) if c is not None for cause in c.causes]),
             source=SOURCE_DETECTOR,
             step=step,
         )
-        return event_store.current_directive(conn, run_id)
+        exhausted = levers.reason if levers is not None and levers.heal_exhausted else None
+        return AutoOutcome(event_store.current_directive(conn, run_id), exhausted)

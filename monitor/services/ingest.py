@@ -16,7 +16,15 @@ not clamped: the trainer is out of step with this run's directives (a bug, or va
 run), so it shows nothing about the versions that do exist, and counting them acknowledged would make
 every trainer skip their checkpoint and stop requests for good (stop-on-collapse included), while an
 ignored value leaves them pending for the trainer to act on. Imports (`IMPORT_BATCH_PREFIX`) are
-history and acknowledge nothing."""
+history and acknowledge nothing.
+
+A metrics batch that carries `directive/rollback_to` (`contracts.directive.ROLLBACK_METRIC`, logged by a
+trainer that restored a checkpoint for a rollback request) rolls the run's history back before the
+batch is written, in its transaction: the metrics and action records after the restored step go (their
+steps are being trained again), the phase events after it move to the rollback's record, and the
+detector is put back to where it stood at that step (`DetectionService.rewind`); the rollback is
+recorded from the run's last step to the restored one. A value that is not a whole number below its
+own step, or not below the run's last step, changes nothing."""
 
 from __future__ import annotations
 
@@ -27,7 +35,7 @@ import math
 import msgspec
 from sqlalchemy import Connection
 
-from contracts.directive import APPLIED_VERSION_METRIC
+from contracts.directive import APPLIED_VERSION_METRIC, ROLLBACK_METRIC
 from contracts.wire import IMPORT_BATCH_PREFIX
 from monitor.domain import ActionColumns, DirectiveInfo, IngestAck, MetricsColumns, Principal
 from monitor.errors import Conflict
@@ -60,15 +68,33 @@ class IngestService:
             run = _batch_run(conn, principal, run_id)
             previous = _claim(conn, run_id, "metrics", batch_id, batch, len(batch))
             if previous is None:
+                live = not batch_id.startswith(IMPORT_BATCH_PREFIX)
+                rolled_back = live and self._roll_back(conn, run_id, run.last_step, batch)
                 ingest_store.write_metrics(conn, run_id, batch)
-                if not batch_id.startswith(IMPORT_BATCH_PREFIX):
+                if live:
                     _record_acknowledgements(conn, run_id, batch)
-                run_store.touch_run(conn, run_id, last_step, run, first_step=first_step)
+                seen = None if rolled_back else run
+                run_store.touch_run(conn, run_id, last_step, seen, first_step=first_step)
             else:  # a re-sent batch: nothing new for the detector
                 directive = event_store.current_directive(conn, run_id)
         if previous is None:
             directive = self._detect(run_id)
         return self._ack("metrics", batch_id, len(batch), previous, directive, last_step)
+
+    def _roll_back(
+        self, conn: Connection, run_id: int, run_last_step: int | None, batch: MetricsColumns
+    ) -> bool:
+        """Roll the run's history back to the checkpoint the batch says the trainer restored (module
+        docstring); whether it did."""
+        to_step = rollback_target(batch)
+        if to_step is None or run_last_step is None or to_step >= run_last_step:
+            return False
+        version = event_store.current_directive(conn, run_id).rollback
+        ingest_store.truncate_history(conn, run_id, to_step)
+        event_store.record_rollback(conn, run_id, run_last_step, to_step, version)
+        self.detection.rewind(conn, run_id, to_step)
+        log.info("run %s rolled back from step %d to step %d", run_id, run_last_step, to_step)
+        return True
 
     def judge_backlog(self, run_id: int) -> DirectiveInfo:
         """Judge every step not judged yet (a batch over the detector's per-batch bound leaves some):
@@ -149,6 +175,18 @@ def _acknowledgements(batch: MetricsColumns, current_version: int) -> list[tuple
             highest = int(value)
             accepted.append((step, highest))
     return accepted
+
+
+def rollback_target(batch: MetricsColumns) -> int | None:
+    """The restored step a batch reports (`ROLLBACK_METRIC`; the last valid one if several): a whole
+    number from 0 to below the step it is logged at; None: none."""
+    found = None
+    for name, step, value in zip(batch.names, batch.steps, batch.values, strict=True):
+        if name != ROLLBACK_METRIC or value is None or not math.isfinite(value):
+            continue
+        if value.is_integer() and 0 <= value < step:
+            found = int(value)
+    return found
 
 
 def payload_digest(batch: MetricsColumns | ActionColumns) -> str:

@@ -15,6 +15,7 @@ from monitor.domain import (
     MetricSummary,
     PhaseEventInfo,
     Principal,
+    RollbackInfo,
     RunContext,
     RunInfo,
     RunSummary,
@@ -78,6 +79,7 @@ class QueryService:
                 alerts=drawn.alerts,
                 directives=drawn.directives,
                 directive=drawn.directive,
+                rollbacks=drawn.rollbacks,
             )
 
     def context(self, principal: Principal, run_id: int) -> RunContext:
@@ -126,6 +128,11 @@ class QueryService:
         with self.db.read() as conn:
             return event_store.list_phase_events(conn, run_id)
 
+    def rollbacks(self, principal: Principal, run_id: int) -> list[RollbackInfo]:
+        self.runs.get(principal, run_id)
+        with self.db.read() as conn:
+            return event_store.list_rollbacks(conn, run_id)
+
 
 def _context(conn: Connection, run: RunInfo) -> RunContext:
     """`run`'s phase events, alerts and directives, read on `conn`."""
@@ -135,6 +142,7 @@ def _context(conn: Connection, run: RunInfo) -> RunContext:
         alerts=alert_store.list_alerts(conn, run.id, None),
         directives=event_store.directive_history(conn, run.id),
         directive=event_store.current_directive(conn, run.id),
+        rollbacks=event_store.list_rollbacks(conn, run.id),
     )
 
 

@@ -64,6 +64,11 @@ def save_state(conn: Connection, run_id: int, state: dict[str, Any], phase: str)
     conn.execute(update(runs).where(runs.c.id == run_id).values(detector_state=state, phase=phase))
 
 
+def reset_state(conn: Connection, run_id: int) -> None:
+    """Forget the run's detector state: its next pass judges it from its first step."""
+    conn.execute(update(runs).where(runs.c.id == run_id).values(detector_state=None, phase=None))
+
+
 def set_overrides(conn: Connection, run_id: int, overrides: dict[str, Any]) -> None:
     conn.execute(update(runs).where(runs.c.id == run_id).values(detector_overrides=overrides))
 

@@ -1,19 +1,20 @@
-"""Directives, phase events and alerts of a run."""
+"""Directives, phase events, rollbacks and alerts of a run."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import Connection, false, func, select, true, update
+from sqlalchemy import Connection, delete, false, func, select, true, update
 
 from contracts.directive import DEFAULT_LLDS_LAMBDA, SOURCE_MANUAL, LLDSDirective
-from monitor.db.models import Directive, PhaseEvent, Run
-from monitor.domain import DirectiveInfo, PhaseEventInfo
+from monitor.db.models import Directive, PhaseEvent, Rollback, Run
+from monitor.domain import DirectiveInfo, PhaseEventInfo, RollbackInfo
 from monitor.store._sql import table_of
 
 directives = table_of(Directive)
 phase_events = table_of(PhaseEvent)
+rollbacks = table_of(Rollback)
 runs = table_of(Run)
 
 
@@ -29,6 +30,9 @@ def _info(row: Any, applied_version: int = 0, applied_step: int | None = None) -
         stop=row.stop,
         stop_reason=row.stop_reason,
         stop_on_collapse=row.stop_on_collapse,
+        rollback=row.rollback,
+        rollback_to=row.rollback_to,
+        lr_scale=row.lr_scale,
         llds_manual=row.llds_manual,
         applied_version=applied_version,
         applied_step=applied_step,
@@ -91,12 +95,14 @@ def append_directive(
     stop: bool | None = None,
     stop_reason: str = "",
     stop_on_collapse: bool | None = None,
+    rollback_to: int | None = None,
+    lr_scale: float | None = None,
 ) -> int:
     """Append the next version of the run's directive and return it.
 
     Fields left None keep the previous version's values (the defaults on a run's first version);
-    `checkpoint=True` and `stop=True` make this version the id of a new request, `stop=False` withdraws
-    a standing stop. A manual version that sets LLDS marks LLDS as a person's from then on.
+    `checkpoint=True`, `stop=True` and a `rollback_to` make this version the id of a new request,
+    `stop=False` withdraws a standing stop. A manual version that sets LLDS marks LLDS as a person's from then on.
 
     Concurrent writers (threads, worker processes, two servers on one SQLite file) must queue, not
     collide on (run_id, version): on PostgreSQL the run's row lock (FOR UPDATE, also what the detector
@@ -139,6 +145,9 @@ def append_directive(
             stop=(next_version if stop else 0) if stop is not None else previous("stop", 0),
             stop_reason=stop_reason if stop else ("" if stop is not None else previous("stop_reason", "")),
             stop_on_collapse=kept("stop_on_collapse", stop_on_collapse, false()),
+            rollback=next_version if rollback_to is not None else previous("rollback", 0),
+            rollback_to=rollback_to if rollback_to is not None else previous("rollback_to", None),
+            lr_scale=kept("lr_scale", lr_scale, 1.0),
             llds_manual=true() if sets_llds and source == SOURCE_MANUAL else previous("llds_manual", false()),
         )
         .returning(directives.c.version)
@@ -175,3 +184,56 @@ def insert_phase_event(
             run_id=run_id, step=step, phase=phase, previous_phase=previous_phase, evidence=evidence
         )
     )
+
+
+def rollback_requests(conn: Connection, run_id: int) -> int:
+    """How many versions of the run's directive requested a rollback."""
+    value = conn.execute(
+        select(func.count())
+        .select_from(directives)
+        .where(directives.c.run_id == run_id, directives.c.rollback == directives.c.version)
+    ).scalar_one()
+    return int(value)
+
+
+def latest_entry(conn: Connection, run_id: int, phase: str) -> int | None:
+    """The step of the latest phase event into `phase` in the run's phase history (the phase events of
+    steps a rollback undid are no longer in it); None: none."""
+    value = conn.execute(
+        select(func.max(phase_events.c.step)).where(
+            phase_events.c.run_id == run_id, phase_events.c.phase == phase
+        )
+    ).scalar_one()
+    return None if value is None else int(value)
+
+
+def record_rollback(conn: Connection, run_id: int, from_step: int, to_step: int, version: int) -> None:
+    """Record a rollback from `from_step` to the checkpoint of `to_step`: the phase events after
+    `to_step` leave the run's phase history and are kept with the rollback (`undone_phases`)."""
+    undone = conn.execute(
+        select(phase_events)
+        .where(phase_events.c.run_id == run_id, phase_events.c.step > to_step)
+        .order_by(phase_events.c.step, phase_events.c.id)
+    ).all()
+    conn.execute(delete(phase_events).where(phase_events.c.run_id == run_id, phase_events.c.step > to_step))
+    conn.execute(
+        rollbacks.insert().values(
+            run_id=run_id,
+            from_step=from_step,
+            to_step=to_step,
+            version=version,
+            undone_phases=[
+                {"step": r.step, "phase": r.phase, "previous_phase": r.previous_phase} for r in undone
+            ],
+        )
+    )
+
+
+def list_rollbacks(conn: Connection, run_id: int) -> list[RollbackInfo]:
+    rows = conn.execute(select(rollbacks).where(rollbacks.c.run_id == run_id).order_by(rollbacks.c.id)).all()
+    return [
+        RollbackInfo(
+            r.id, r.run_id, r.from_step, r.to_step, r.version, list(r.undone_phases or []), r.created_at
+        )
+        for r in rows
+    ]

@@ -19,16 +19,29 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sqlalchemy import ColumnElement, Connection, Executable, Table, bindparam, func, select, tuple_, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Executable,
+    Table,
+    bindparam,
+    delete,
+    func,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 
-from monitor.db.models import ActionBlock, IngestBatch
+from monitor.db.models import ActionBlock, IngestBatch, Run, StepMetric
 from monitor.domain import ActionColumns, MetricsColumns
 from monitor.store._sql import table_of, upsert_many
 from monitor.store.action_codec import Block, decode_block, encode_block, merge_blocks, summarize
 
 ingest_batches = table_of(IngestBatch)
 action_blocks = table_of(ActionBlock)
+step_metrics = table_of(StepMetric)
+runs = table_of(Run)
 
 METRIC_COLUMNS = ("run_id", "name", "step", "value")
 METRIC_KEYS = ("run_id", "name", "step")
@@ -82,6 +95,18 @@ def claim_batch(
 def write_metrics(conn: Connection, run_id: int, batch: MetricsColumns) -> None:
     rows = [(run_id, n, s, v) for n, s, v in zip(batch.names, batch.steps, batch.values, strict=True)]
     _write(conn, "step_metrics", METRIC_COLUMNS, METRIC_KEYS, rows)
+
+
+def truncate_history(conn: Connection, run_id: int, to_step: int) -> None:
+    """Delete the run's metrics and action records after `to_step` and make it its last step (a
+    rollback: those steps are trained again); counts as a rewrite of history (`runs.history_rev`)."""
+    conn.execute(delete(step_metrics).where(step_metrics.c.run_id == run_id, step_metrics.c.step > to_step))
+    conn.execute(
+        delete(action_blocks).where(action_blocks.c.run_id == run_id, action_blocks.c.step > to_step)
+    )
+    conn.execute(
+        update(runs).where(runs.c.id == run_id).values(last_step=to_step, history_rev=runs.c.history_rev + 1)
+    )
 
 
 def write_actions(conn: Connection, run_id: int, batch: ActionColumns) -> None:

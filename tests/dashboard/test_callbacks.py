@@ -297,3 +297,28 @@ def test_pages_by_url(client: TestClient, dctx: DashContext, state: AppState, co
     page = str(render_page(dctx, other, f"run/{collapsed}", None))
     assert f"run {collapsed} does not exist" in page and "llds-on" not in page
     assert whoami(other) == "project other" and whoami(OPEN) == "auth off (local)"
+
+
+def test_a_rollback_redraws_every_panel_with_the_new_attempt_and_marks_it(
+    client: TestClient, state: AppState
+) -> None:
+    """After a rollback the steps after the restored one hold the new attempt's values, which an
+    append-only refresh would never fetch: every panel is reloaded, with a rollback marker."""
+    run_id = new_run(client, "rolled")
+    steps = list(range(1, 41))
+    body = metrics_batch(steps, {M.REWARD_MEAN: [0.5] * 40})
+    assert client.post(f"{API_PREFIX}/runs/{run_id}/metrics", json=body).status_code == 200
+    _, cursors = load_panels(state, OPEN, run_id)
+    redo = metrics_batch([21, 22], {M.REWARD_MEAN: [0.9, 0.8], "directive/rollback_to": [20.0, None]})
+    assert client.post(f"{API_PREFIX}/runs/{run_id}/metrics", json=redo).status_code == 200
+    outputs, new_cursors = refresh_panels(state, OPEN, run_id, cursors)
+    reward = by_key(outputs)["reward"]
+    assert isinstance(reward, go.Figure)  # a full figure, not a patch
+    assert list(reward.data[0].x) == [*range(1, 21), 21, 22] and list(reward.data[0].y)[-2:] == [0.9, 0.8]
+    assert all(c["rollbacks"] == 1 for c in new_cursors)
+    markers = reward.data[1]
+    assert "rollback" in markers.customdata and "rolled back to step 20</b> from step 40" in " ".join(
+        markers.hovertext
+    )
+    again, _ = refresh_panels(state, OPEN, run_id, new_cursors)
+    assert again == [no_update] * len(PANELS)

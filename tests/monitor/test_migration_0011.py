@@ -1,7 +1,7 @@
 """Revision 0011 (directive names) renames `directives.llds_lambda` to `llds_lam` and `created_at` to
-`updated_at`, on SQLite and PostgreSQL: a directive written at 0010 reads back through the store at the
-head with its lambda and timestamp intact, a new version still gets its timestamp from the database,
-and down and up again keep the values."""
+`updated_at`, on SQLite and PostgreSQL: a directive written at 0010 reads back at 0011 with its lambda
+and timestamp intact, a new version still gets its timestamp from the database, and down and up again
+keep the values (read through the store at the head)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from datetime import datetime, timezone
 import sqlalchemy as sa
 from sqlalchemy import Engine, inspect, text
 
-from contracts.directive import LLDSDirective
 from monitor.db.engine import make_engine
 from monitor.db.migrate import downgrade, upgrade
 from monitor.db.models import UTCDateTime
@@ -30,6 +29,20 @@ directives_0010 = sa.table(
     sa.column("created_at", UTCDateTime()),
 )
 """The table's columns this test writes and reads, as revision 0010 names them."""
+
+directives_0011 = sa.table(
+    "directives",
+    sa.column("run_id", sa.Integer()),
+    sa.column("version", sa.Integer()),
+    sa.column("llds_enabled", sa.Boolean()),
+    sa.column("llds_lam", sa.Double()),
+    sa.column("reason", sa.Text()),
+    sa.column("source", sa.String()),
+    sa.column("step", sa.BigInteger()),
+    sa.column("updated_at", UTCDateTime()),
+)
+"""The same columns as revision 0011 names them (read and written here as 0011 has them, not through
+today's store, whose later columns 0011 does not have)."""
 
 
 def _columns(engine: Engine) -> set[str]:
@@ -73,17 +86,31 @@ def test_directive_names_migration_keeps_the_values(empty_url: str) -> None:
     assert {"llds_lam", "updated_at"} <= _columns(engine)
     assert not {"llds_lambda", "created_at"} & _columns(engine)
     with engine.begin() as conn:
-        [old] = event_store.directive_history(conn, 1)
-        assert (old.version, old.llds, old.reason, old.step, old.updated_at) == (
+        [old] = conn.execute(
+            sa.select(directives_0011)
+            .where(directives_0011.c.run_id == 1)
+            .order_by(directives_0011.c.version)
+        ).all()
+        assert (old.version, old.llds_enabled, old.llds_lam, old.reason, old.step, old.updated_at) == (
             1,
-            LLDSDirective(True, 0.35),
+            True,
+            0.35,
             "manual override",
             40,
             MADE,
         )
-        event_store.append_directive(conn, 1, reason="auto", source="detector", step=50, checkpoint=True)
-        new = event_store.current_directive(conn, 1)
-    assert new.version == 2 and new.llds == old.llds  # carried forward from the renamed column
+        conn.execute(
+            directives_0011.insert().values(
+                run_id=1,
+                version=2,
+                llds_enabled=True,
+                llds_lam=old.llds_lam,
+                reason="auto",
+                source="detector",
+                step=50,
+            )
+        )
+        new = conn.execute(sa.select(directives_0011).where(directives_0011.c.version == 2)).one()
     assert new.updated_at is not None and new.updated_at > MADE  # the server default survived
 
     downgrade(empty_url, "0010")

@@ -145,13 +145,15 @@ def test_auto_directive_follows_the_rules_in_the_callers_transaction(services: S
     auto, manual = _run(services, "auto"), _run(services, "manual")
     services.runs.set_policy(P, auto.id, "auto")
     with services.db.write() as conn:
-        d = services.directives.apply_auto(conn, auto.id, "auto", "decay", 40, [("decay", 40)])
+        d = services.directives.apply_auto(conn, auto.id, "auto", "decay", 40, [("decay", 40)]).directive
     assert (d.version, d.llds.enabled, d.checkpoint, d.stop, d.source) == (1, True, 1, 0, SOURCE_DETECTOR)
     assert d.step == 40 and "checkpoint requested" in d.reason
     with services.db.write() as conn:  # still in decay, nothing entered, not yet time to escalate
-        assert services.directives.apply_auto(conn, auto.id, "auto", "decay", 41, []).version == 1
+        assert services.directives.apply_auto(conn, auto.id, "auto", "decay", 41, []).directive.version == 1
     services.directives.set_manual(P, manual.id, stop_on_collapse=True)
     with services.db.write() as conn:  # not `auto`: no LLDS and no checkpoint, but the opted-in stop
-        d = services.directives.apply_auto(conn, manual.id, "manual", "collapse", 90, [("collapse", 90)])
+        d = services.directives.apply_auto(
+            conn, manual.id, "manual", "collapse", 90, [("collapse", 90)]
+        ).directive
     assert (d.llds.enabled, d.checkpoint, d.stop > 0) == (False, 0, True)
     assert "stop-on-collapse" in d.stop_reason

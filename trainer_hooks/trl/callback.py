@@ -1,16 +1,18 @@
 """`LLDMonitorCallback`: TRL's logged scalars to an lldmon sink, for any transformers Trainer, and the
-directive's checkpoint/stop requests to the Trainer's `control`; and the callbacks through which
+directive's checkpoint/rollback/stop requests to the Trainer's `control`; and the callbacks through which
 `MonitoredGRPOTrainer`'s drivers see optimizer-step boundaries."""
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from contracts.directive import LeverTracker
+from contracts.directive import ROLLBACK_METRIC, Levers, LeverTracker
+from trainer_hooks import rollback
 from trainer_hooks._guard import Guard
 from trainer_hooks._sink import MetricSink
 from trainer_hooks.trl.names import map_trl_logs
@@ -48,8 +50,12 @@ class LLDMonitorCallback(TrainerCallback):
     If the sink has a `directive` (a `MonitorClient`), each optimizer step's end honours its requests,
     each once: a checkpoint request sets `control.should_save` (the Trainer saves `checkpoint-<step>`
     right after), a stop request sets `should_save` and `should_training_stop` (save, then end
-    training); the directive's version is acknowledged with that step's metrics. Main process only:
-    in a multi-process job every rank would have to see the same request (not handled here).
+    training), a rollback request ends training for `lldmon supervise` to restart it from the newest
+    checkpoint at or before the requested step (`trainer_hooks.rollback`; without a supervisor or such
+    a checkpoint it stops instead); the directive's version is acknowledged with that step's metrics.
+    A job the supervisor restarted for a rollback scales its learning rate on `on_train_begin` and
+    logs `ROLLBACK_METRIC` with its first step. Main process only: in a multi-process job every rank
+    would have to see the same request (not handled here).
 
     Args:
         sink: a `trainer_hooks.client.MonitorClient` or any `MetricSink`.
@@ -68,7 +74,7 @@ class LLDMonitorCallback(TrainerCallback):
         self._lever_guard = Guard("acting on the lldmon directive", logger)
         self._levers = LeverTracker()
 
-    def apply_directive(self, step: int, control: TrainerControl) -> None:
+    def apply_directive(self, step: int, control: TrainerControl, output_dir: str | None = None) -> None:
         """Set `control` for the sink's directive requests not acted upon yet; acknowledge its version."""
         if not self._lever_guard.enabled:
             return
@@ -77,6 +83,8 @@ class LLDMonitorCallback(TrainerCallback):
             if directive is None:
                 return
             levers = self._levers.take(directive)
+            if levers.rollback and not levers.stop:
+                levers = self._roll_back(step, levers, control, output_dir)
             if levers.checkpoint or levers.stop:
                 control.should_save = True
             if levers.stop:
@@ -88,6 +96,56 @@ class LLDMonitorCallback(TrainerCallback):
                 logger.info("lldmon: saving a checkpoint at step %d as requested", step)
             if levers.acknowledge is not None:
                 self.sink.log(step, levers.metrics())
+
+    def _roll_back(
+        self, step: int, levers: Levers, control: TrainerControl, output_dir: str | None
+    ) -> Levers:
+        """Hand the rollback to the supervisor and end training without saving; the levers left to
+        apply (a stop, saying why, when no rollback is possible)."""
+        to_step = levers.rollback_to if levers.rollback_to is not None else step
+        request_file = os.environ.get(rollback.ENV_REQUEST)
+        found = rollback.find_checkpoint(output_dir, to_step) if output_dir else None
+        if request_file and found is not None:
+            path, saved_at = found
+            rollback.write_request(
+                request_file, rollback.RollbackRequest(str(path), saved_at, levers.lr_scale, step)
+            )
+            control.should_training_stop = True
+            logger.warning(
+                "lldmon: rollback requested at step %d: ending training; the supervisor restarts it from %s",
+                step,
+                path,
+            )
+            return Levers(checkpoint=False, acknowledge=levers.acknowledge)
+        why = (
+            "the job does not run under `lldmon supervise`"
+            if not request_file
+            else f"no checkpoint at or before step {to_step} in {output_dir}"
+        )
+        return Levers(
+            checkpoint=levers.checkpoint,
+            stop=True,
+            stop_reason=f"a rollback to step {to_step} was requested but {why}",
+            acknowledge=levers.acknowledge,
+        )
+
+    def resume_rollback(self, state: TrainerState, optimizer: Any, lr_scheduler: Any, base_lr: float) -> None:
+        """In a job restarted for a rollback: the learning rate becomes `base_lr` (the job's configured
+        one) times the rollback's factor, and the first step it trains again carries `ROLLBACK_METRIC`
+        (the restored step)."""
+        resumed = rollback.resumed()
+        if resumed is None:
+            return
+        _scale_learning_rate(optimizer, lr_scheduler, base_lr * resumed.lr_scale)
+        logger.warning(
+            "lldmon: resumed from %s (step %d) for a rollback, learning rate %g",
+            resumed.checkpoint,
+            state.global_step,
+            base_lr * resumed.lr_scale,
+        )
+        if self._send_guard.enabled:
+            with self._send_guard():
+                self.sink.log(state.global_step + 1, {ROLLBACK_METRIC: float(state.global_step)})
 
     def send(
         self, step: int, logs: Mapping[str, object] | None, final: bool, *, per_step: bool = False
@@ -118,6 +176,11 @@ class LLDMonitorCallback(TrainerCallback):
     ) -> None:
         if self.feed is not None:
             self.feed.train_begin()
+        if state.is_world_process_zero and self._lever_guard.enabled:
+            with self._lever_guard():
+                self.resume_rollback(
+                    state, kwargs.get("optimizer"), kwargs.get("lr_scheduler"), float(args.learning_rate)
+                )
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -125,7 +188,7 @@ class LLDMonitorCallback(TrainerCallback):
         if self.feed is not None:
             self.feed.step_end(state.global_step)
         if state.is_world_process_zero:
-            self.apply_directive(state.global_step, control)
+            self.apply_directive(state.global_step, control, args.output_dir)
 
     def on_log(
         self,
@@ -147,6 +210,27 @@ class LLDMonitorCallback(TrainerCallback):
         if self._send_guard.enabled:
             with self._send_guard():
                 self.sink.flush(self.flush_timeout)
+
+
+def _scale_learning_rate(optimizer: Any, lr_scheduler: Any, lr: float) -> None:
+    """Make `lr` the learning rate of the first parameter group (the others keep their ratio to it):
+    in the scheduler's base rates, which its next step applies, and in the optimizer's current ones."""
+    bases = list(getattr(lr_scheduler, "base_lrs", None) or [])
+    groups = list(getattr(optimizer, "param_groups", None) or [])
+    reference = bases[0] if bases else (groups[0]["lr"] if groups else None)
+    if not reference:
+        return
+    factor = lr / reference
+    if bases:
+        lr_scheduler.base_lrs = [b * factor for b in bases]
+    for group in groups:
+        group["lr"] *= factor
+        if "initial_lr" in group:
+            group["initial_lr"] *= factor
+    if groups and hasattr(lr_scheduler, "_last_lr"):
+        # what `get_last_lr()` (the Trainer's logged learning rate) reports until the scheduler's next
+        # step: the rates the optimizer now trains with, as the scheduler itself sets it after a step
+        lr_scheduler._last_lr = [group["lr"] for group in groups]
 
 
 class _RegularizerHooks(Protocol):

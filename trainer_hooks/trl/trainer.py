@@ -17,6 +17,7 @@ from trl.trainer.grpo_trainer import GRPOTrainer
 
 from contracts import metrics as M
 from contracts.directive import DEFAULT_LLDS_LAMBDA
+from trainer_hooks import rollback
 from trainer_hooks._sink import MetricSink
 from trainer_hooks.anchors import AnchorSet
 from trainer_hooks.trl.callback import LLDMonitorCallback, RegularizerCallback
@@ -166,6 +167,13 @@ class MonitoredGRPOTrainer(GRPOTrainer):
         )
         if self.llds.settings.any_on:
             self.add_callback(RegularizerCallback(self.llds))
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
+        """`GRPOTrainer.train`; a job `lldmon supervise` restarted for a rollback resumes from the
+        checkpoint it names (`trainer_hooks.rollback`) unless the caller names one."""
+        if resume_from_checkpoint is None:
+            resume_from_checkpoint = rollback.resume_checkpoint()
+        return super().train(resume_from_checkpoint, *args, **kwargs)
 
     # ------------------------------------------------------------------------------------------
     # state

@@ -1,4 +1,4 @@
-"""A run's directive (what its trainer should do: LLDS, checkpoint, stop) and its history."""
+"""A run's directive (what its trainer should do: LLDS, checkpoint, rollback, stop) and its history."""
 
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ def set_directive(
     principal: Principal = Depends(get_principal),
 ) -> DirectiveOut:
     """Manual change, recorded as a new version with its reason: switch LLDS on/off and set lambda,
-    request a checkpoint (`"checkpoint": true`; the trainer saves once per request), request a graceful
-    stop (`"stop": true`; `false` withdraws it) or opt in to a stop on collapse (`"stop_on_collapse"`).
+    request a checkpoint (`"checkpoint": true`; the trainer saves once per request), request a rollback
+    (`"rollback": {"to_step": 96, "lr_scale": 0.5}`: the trainer restores its newest checkpoint at or
+    before step 96 and continues, under `lldmon supervise`), request a graceful stop (`"stop": true`; `false` withdraws it) or opt in to a stop on collapse (`"stop_on_collapse"`).
     What the body leaves out keeps its value; the trainer acknowledges the version in its next batch."""
     directive = state.directives.set_manual(
         principal,
@@ -38,6 +39,8 @@ def set_directive(
         llds_enabled=body.llds.enabled if body.llds is not None else None,
         lam=body.llds.lam if body.llds is not None else None,
         checkpoint=body.checkpoint,
+        rollback_to=body.rollback.to_step if body.rollback is not None else None,
+        lr_scale=body.rollback.lr_scale if body.rollback is not None else None,
         stop=body.stop,
         stop_on_collapse=body.stop_on_collapse,
         reason=body.reason,

@@ -1,0 +1,148 @@
+"""The trainer's side of a rollback, shared by the framework hooks and `trainer_hooks.supervise`
+(standard library only).
+
+A rollback restarts the training job: restoring weights, optimizer, scheduler and RNG state inside a
+running Trainer loop would rewind the loop's own counters, which no framework exposes, while every
+framework resumes from a checkpoint at start-up (TRL/transformers `resume_from_checkpoint`, verl's
+resume mode). So:
+
+1. the hook that sees a rollback request finds the newest checkpoint saved at or before the requested
+   step (`find_checkpoint`), writes a `RollbackRequest` to the file the supervisor named in
+   `ENV_REQUEST` (`write_request`) and ends training without saving;
+2. `lldmon supervise` (`trainer_hooks.supervise`) sees the request when the job exits and starts the
+   same command again with `ENV_RESUME_FROM` (the checkpoint directory), `ENV_ROLLED_BACK_TO` (its
+   step) and `ENV_LR_SCALE` (the learning-rate factor) set;
+3. the restarted job resumes from `ENV_RESUME_FROM` (`resume_checkpoint`), scales its learning rate and
+   logs `contracts.directive.ROLLBACK_METRIC` with the first step it trains again, which tells the
+   service which steps are being redone.
+
+Without a supervisor (no `ENV_REQUEST`) or without a checkpoint at or before the step, the hook cannot
+roll back and stops the run instead (saving first), saying why: a collapsed run should not go on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Final
+
+__all__ = [
+    "ENV_LR_SCALE",
+    "ENV_REQUEST",
+    "ENV_RESUME_FROM",
+    "ENV_ROLLED_BACK_TO",
+    "Resumed",
+    "RollbackRequest",
+    "find_checkpoint",
+    "read_request",
+    "requested",
+    "resume_checkpoint",
+    "resumed",
+    "write_request",
+]
+
+ENV_REQUEST: Final = "LLDMON_SUPERVISOR_REQUEST"
+"""Set by the supervisor: the file a job writes its rollback request to before it exits."""
+ENV_RESUME_FROM: Final = "LLDMON_RESUME_FROM"
+"""Set by the supervisor on a restart: the checkpoint directory to resume from."""
+ENV_ROLLED_BACK_TO: Final = "LLDMON_ROLLED_BACK_TO"
+"""Set by the supervisor on a restart: the restored checkpoint's step."""
+ENV_LR_SCALE: Final = "LLDMON_LR_SCALE"
+"""Set by the supervisor on a restart: the factor on the learning rate the job was started with."""
+
+_CHECKPOINT: Final = re.compile(r"^checkpoint-(\d+)$")
+
+
+@dataclass(frozen=True)
+class RollbackRequest:
+    """What a job asks its supervisor for: restart from `checkpoint` (saved at `step`), learning rate
+    times `lr_scale`; `from_step` is where the job stopped."""
+
+    checkpoint: str
+    step: int
+    lr_scale: float
+    from_step: int
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """A job the supervisor restarted for a rollback: it resumes from `checkpoint` of `step`."""
+
+    checkpoint: str
+    step: int
+    lr_scale: float
+
+
+def find_checkpoint(output_dir: str | os.PathLike[str], at_most: int) -> tuple[Path, int] | None:
+    """The newest `checkpoint-<step>` directory in `output_dir` with step <= `at_most` that holds a
+    complete save (transformers writes `trainer_state.json` last), and its step; None: none."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return None
+    found: list[tuple[int, Path]] = []
+    for child in root.iterdir():
+        match = _CHECKPOINT.match(child.name)
+        if match and int(match.group(1)) <= at_most and (child / "trainer_state.json").is_file():
+            found.append((int(match.group(1)), child))
+    if not found:
+        return None
+    step, path = max(found)
+    return path, step
+
+
+def write_request(path: str | os.PathLike[str], request: RollbackRequest) -> None:
+    """Write `request` for the supervisor, atomically (a crash mid-write leaves no half request)."""
+    target = Path(path)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(json.dumps(asdict(request)))
+    os.replace(tmp, target)
+
+
+def read_request(path: str | os.PathLike[str]) -> RollbackRequest | None:
+    """The request at `path`, None if there is none; a malformed one is an error naming the file."""
+    target = Path(path)
+    if not target.is_file():
+        return None
+    try:
+        raw = json.loads(target.read_text())
+        request = RollbackRequest(
+            checkpoint=str(raw["checkpoint"]),
+            step=int(raw["step"]),
+            lr_scale=float(raw["lr_scale"]),
+            from_step=int(raw["from_step"]),
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"malformed rollback request in {target}: {exc}") from None
+    if not (math.isfinite(request.lr_scale) and request.lr_scale > 0):
+        raise ValueError(f"malformed rollback request in {target}: lr_scale {request.lr_scale!r}")
+    return request
+
+
+def resumed(environ: os._Environ[str] | dict[str, str] | None = None) -> Resumed | None:
+    """The rollback this job was restarted for (the supervisor's environment); None: a normal start."""
+    env = os.environ if environ is None else environ
+    checkpoint = env.get(ENV_RESUME_FROM)
+    step = env.get(ENV_ROLLED_BACK_TO)
+    if not checkpoint or step is None:
+        return None
+    scale = float(env.get(ENV_LR_SCALE) or 1.0)
+    return Resumed(checkpoint, int(step), scale if math.isfinite(scale) and scale > 0 else 1.0)
+
+
+def resume_checkpoint(environ: os._Environ[str] | dict[str, str] | None = None) -> str | None:
+    """The checkpoint a supervised job restarted for a rollback resumes from (None: a normal start):
+    pass it as `trainer.train(resume_from_checkpoint=...)` (`MonitoredGRPOTrainer` does so itself)."""
+    found = resumed(environ)
+    return None if found is None else found.checkpoint
+
+
+def requested(environ: os._Environ[str] | dict[str, str] | None = None) -> bool:
+    """Whether this job handed a rollback to its supervisor (then it should end without finishing its
+    lldmon run: `MonitorClient.close(status=None)`; the restarted job goes on with it)."""
+    env = os.environ if environ is None else environ
+    path = env.get(ENV_REQUEST)
+    return path is not None and path != "" and Path(path).is_file()
