@@ -180,6 +180,8 @@ def _acknowledgements(batch: MetricsColumns, current_version: int) -> list[tuple
 def rollback_target(batch: MetricsColumns) -> int | None:
     """The restored step a batch reports (`ROLLBACK_METRIC`; the last valid one if several): a whole
     number from 0 to below the step it is logged at; None: none."""
+    if ROLLBACK_METRIC not in batch.names:  # every live batch comes here: no row loop without one
+        return None
     found = None
     for name, step, value in zip(batch.names, batch.steps, batch.values, strict=True):
         if name != ROLLBACK_METRIC or value is None or not math.isfinite(value):
