@@ -46,4 +46,4 @@ fi
 
 # Without verl the test module would be skipped, and this script would pass having tested nothing:
 # LLDMON_REQUIRE_VERL makes a missing or broken verl an error instead.
-LLDMON_REQUIRE_VERL=1 exec "$VENV/bin/python" -m pytest tests/trainer_hooks/test_verl.py -q -p no:cacheprovider -n 0 "$@"
+LLDMON_REQUIRE_VERL=1 exec "$VENV/bin/python" -m pytest tests/trainer_hooks/test_verl.py tests/trainer_hooks/test_verl_rollback.py -q -p no:cacheprovider -n 0 "$@"

@@ -2,7 +2,8 @@
 
 The client's public methods (the caller's thread, i.e. the training loop) only hand records to
 `Sender.submit`, wait in `flush` and stop it with `close`; everything that can take time happens
-here, in one daemon thread: registering the run (and fetching its directive), coalescing queued
+here, in one daemon thread: registering the run (and fetching its directive; with `prefetch`, first
+thing, so that the caller can wait for it: `wait_directive`), coalescing queued
 records into batches, sending them (`lldmon_client.Uploader`: retries, the 413 learn-and-split),
 spooling what cannot be delivered (`contracts.spool`) and replaying it oldest first once the service
 answers again, heartbeats while no batch goes out, and the run's final status at close. The
@@ -81,6 +82,7 @@ class Sender:
         heartbeat_interval: float,
         url_note: str,
         warn: WarnOnce,
+        prefetch: bool = False,
     ) -> None:
         self.url, self.identity, self.spool_dir = url, identity, spool_dir
         self._token = token
@@ -102,6 +104,9 @@ class Sender:
         self._overflow: list[Record] = []
         self._stats: dict[str, int] = dict.fromkeys(ClientStats.__dataclass_fields__, 0)
         self._directive = Directive()
+        self._prefetch = prefetch
+        self._directive_fetched = False  # the run's directive came from the service (GET or an ack)
+        self._prefetched = threading.Event()  # the start-up registration and fetch ended, either way
         self._flush_requested = threading.Event()
         self._closing = threading.Event()
         self._close_deadline: float | None = None
@@ -149,6 +154,14 @@ class Sender:
     def stats(self) -> ClientStats:
         with self._lock:
             return ClientStats(**self._stats)
+
+    def wait_directive(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for the start-up registration and directive fetch (`prefetch`);
+        whether the service's directive is known now. Ends early when that attempt failed."""
+        if self._prefetch:
+            self._prefetched.wait(max(0.0, timeout))
+        with self._lock:
+            return self._directive_fetched
 
     def flush(self, timeout: float | None) -> bool:
         """Wait until every record submitted so far is acknowledged, rejected or spooled; False if
@@ -328,6 +341,8 @@ class Sender:
 
     def _run(self) -> None:
         try:
+            if self._prefetch:
+                self._prefetch_directive()
             self._spool_pending = spool.spool_size(self.spool_dir)[0] > 0
             final_attempt = False
             while True:
@@ -359,6 +374,17 @@ class Sender:
             with self._cond:
                 self._sender_exited = True
                 self._cond.notify_all()
+
+    def _prefetch_directive(self) -> None:
+        """Register the run and fetch its directive before anything else (a job resuming an existing
+        run trains its first step with the directive the service holds); a failure is handled as any
+        registration failure (backoff, spooling), and `wait_directive` stops waiting either way."""
+        try:
+            self._ensure_registered(self.identity)
+        except Exception as exc:
+            self._warn(("prefetch", type(exc).__name__), "lldmon: cannot fetch the run's directive: %r", exc)
+        finally:
+            self._prefetched.set()
 
     def _collect(self) -> list[Record]:
         """Records to send now: what arrives within `flush_interval` of the first one (or at once
@@ -534,6 +560,7 @@ class Sender:
         if directive is not None:
             with self._lock:
                 self._directive = directive
+                self._directive_fetched = True
 
     # sending
 

@@ -27,6 +27,12 @@ spools the overflow itself (in chunks) instead of blocking. `lldmon sync DIR` up
 a job left behind, and applies the run's final status that `close()` leaves there when it could not
 tell the service.
 
+A job that `lldmon supervise` restarted for a rollback (`trainer_hooks.rollback.resumed()`) resumes a
+run whose directive the service already holds (e.g. LLDS on after policy `heal`): its client
+registers and fetches that directive before the constructor returns, waiting a few seconds at most,
+so the first step it trains again runs with it rather than with the default (LLDS off) until the
+first acknowledgement. If the service does not answer in time, one warning, and the default it is.
+
 In multi-process jobs only rank 0 sends: with `enabled=None`, a client is disabled when the
 environment variable RANK or LOCAL_RANK is set to anything other than "0"; a disabled client accepts
 every call and does nothing (no thread, no HTTP, no files).
@@ -59,14 +65,26 @@ from trainer_hooks._announce import is_rank_zero, say_once, unset_note
 from trainer_hooks._batching import Record
 from trainer_hooks._sender import ClientStats, RunStatus, Sender
 from trainer_hooks._warn import WarnOnce
+from trainer_hooks.rollback import requested, resumed
 
 __all__ = ["ClientStats", "Directive", "LLDSDirective", "Levers", "MonitorClient", "RetryPolicy"]
 
 DEFAULT_SPOOL_ROOT: Final = Path("~/.lldmon/spool")
+RESUME_DIRECTIVE_WAIT_S: Final = 5.0
+"""Longest start-up wait for the run's directive in a job restarted for a rollback: long enough for a
+service under load to answer, short next to the minutes a restart (model load, checkpoint) takes."""
 
 
 def _path_part(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", name).strip(".") or "_"
+
+
+def _restarted() -> bool:
+    """Whether `lldmon supervise` restarted this job for a rollback (a malformed environment: no)."""
+    try:
+        return resumed() is not None
+    except ValueError:
+        return False
 
 
 def _json_safe(value: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -104,6 +122,13 @@ class MonitorClient:
         enabled: None = auto (off on ranks other than 0), or force on / off.
         transport: an httpx transport (tests pass `httpx.MockTransport`).
         retry: retry and backoff settings (`RetryPolicy`).
+        directive_wait: seconds the constructor waits for the run's current directive (registration
+            and GET /directive, done first by the sender thread), so that the first step trains with
+            it. None (default): up to min(`timeout`, `RESUME_DIRECTIVE_WAIT_S`) in a job restarted for
+            a rollback (`trainer_hooks.rollback.resumed()`), else 0 (a new run's directive is the
+            default anyway). The wait ends early when the service refuses or cannot be reached; a
+            directive not known by then is warned about once and stays the default until an
+            acknowledgement brings it. Nothing raises.
     """
 
     def __init__(
@@ -126,6 +151,7 @@ class MonitorClient:
         transport: httpx.BaseTransport | None = None,
         retry: RetryPolicy | None = None,
         heartbeat_interval: float = 60.0,
+        directive_wait: float | None = None,
         _url_note: str = "",
     ) -> None:
         self._warn = WarnOnce()
@@ -151,6 +177,10 @@ class MonitorClient:
             if enabled is not None and is_rank_zero():  # forced off; other ranks never say anything
                 say_once(("off", "enabled=False"), "lldmon: monitoring off: MonitorClient(enabled=False)")
             return
+        if directive_wait is None:
+            wait = min(float(timeout), RESUME_DIRECTIVE_WAIT_S) if _restarted() else 0.0
+        else:
+            wait = float(directive_wait) if directive_wait > 0 else 0.0
         sender = Sender(
             url=self.url,
             identity=self.identity,
@@ -167,6 +197,7 @@ class MonitorClient:
             heartbeat_interval=heartbeat_interval,
             url_note=_url_note,
             warn=self._warn,
+            prefetch=wait > 0,
         )
         self._queue = sender.queue  # the bounded queue, for a look at how full it is
         with contextlib.suppress(OSError):  # the run is running (again): an old final status is void
@@ -180,6 +211,25 @@ class MonitorClient:
             say_once(("off", "thread"), f"lldmon: monitoring off: the client cannot start its thread ({exc})")
             return
         self._sender = sender
+        if wait > 0:
+            self._await_directive(sender, wait)
+
+    def _await_directive(self, sender: Sender, wait: float) -> None:
+        """Block for at most `wait` seconds until the sender knows the run's directive (constructor)."""
+        try:
+            known = sender.wait_directive(wait)
+        except Exception as exc:  # never into training
+            known = False
+            self._warn(("directive-wait", type(exc).__name__), "lldmon: waiting for the directive: %r", exc)
+        if not known:
+            self._warn(
+                "directive-wait",
+                "lldmon: no directive for run %r from %s within %g s of start-up: training starts with "
+                "the default (LLDS off) until the service answers",
+                self.identity.run_name,
+                self.url,
+                wait,
+            )
 
     @classmethod
     def from_env(
@@ -342,4 +392,9 @@ class MonitorClient:
         self._sender.submit(record)
 
     def _at_exit(self) -> None:
-        self.close()
+        # a job that handed a rollback to `lldmon supervise` is restarted: its run goes on
+        try:
+            handed_over = requested()
+        except Exception:  # at exit, nothing may raise
+            handed_over = False
+        self.close(status=None if handed_over else "finished")

@@ -7,7 +7,8 @@ The command runs with `LLDMON_SUPERVISOR_REQUEST` naming a request file. When it
 a request, the supervisor starts the same command again with the resume variables set
 (`trainer_hooks.rollback.ENV_*`) and, with `--resume-arg`, extra arguments naming the checkpoint (for
 frameworks that resume by argument, e.g. verl's `trainer.resume_mode=resume_path
-trainer.resume_from_path={checkpoint}`). Otherwise it exits with the command's exit status. At most
+trainer.resume_from_path={checkpoint}`: `trainer_hooks.verl.rollback.RESUME_ARGS`); `{checkpoint}`,
+`{step}`, `{lr_scale}` and `{version}` in them are replaced by the request's values. Otherwise it exits with the command's exit status. At most
 `--max-restarts` restarts (the service bounds rollbacks per run too). SIGINT and SIGTERM go to the
 command; the supervisor then waits for it and does not restart it.
 """
@@ -29,12 +30,13 @@ from trainer_hooks.rollback import (
     ENV_LR_SCALE,
     ENV_REQUEST,
     ENV_RESUME_FROM,
+    ENV_ROLLBACK_VERSION,
     ENV_ROLLED_BACK_TO,
     RollbackRequest,
     read_request,
 )
 
-__all__ = ["DEFAULT_MAX_RESTARTS", "restart_env", "supervise"]
+__all__ = ["DEFAULT_MAX_RESTARTS", "restart_args", "restart_env", "supervise"]
 
 DEFAULT_MAX_RESTARTS: Final = 5
 
@@ -46,7 +48,19 @@ def restart_env(base: dict[str, str], request: RollbackRequest) -> dict[str, str
         ENV_RESUME_FROM: request.checkpoint,
         ENV_ROLLED_BACK_TO: str(request.step),
         ENV_LR_SCALE: repr(request.lr_scale),
+        ENV_ROLLBACK_VERSION: str(request.version),
     }
+
+
+def restart_args(resume_args: Sequence[str], request: RollbackRequest) -> list[str]:
+    """`resume_args` with `{checkpoint}`, `{step}`, `{lr_scale}` and `{version}` replaced for `request`."""
+    values = {
+        "checkpoint": request.checkpoint,
+        "step": request.step,
+        "lr_scale": repr(request.lr_scale),
+        "version": request.version,
+    }
+    return [a.format(**values) for a in resume_args]
 
 
 def _log(message: str) -> None:
@@ -93,10 +107,7 @@ def supervise(
                 f"{request.checkpoint} (step {request.step}), learning rate x{request.lr_scale:g}"
             )
             env = restart_env({**os.environ, ENV_REQUEST: str(request_file)}, request)
-            args = [
-                *command,
-                *(a.format(checkpoint=request.checkpoint, step=request.step) for a in resume_args),
-            ]
+            args = [*command, *restart_args(resume_args, request)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -108,7 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--resume-arg",
         action="append",
         default=[],
-        help="argument added on a restart; {checkpoint} and {step} are replaced (repeatable)",
+        help="argument added on a restart; {checkpoint}, {step}, {lr_scale} and {version} are replaced "
+        "(repeatable)",
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the training command")
     ns = parser.parse_args(argv)
@@ -117,6 +129,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("no command to supervise: give it after --")
     if ns.max_restarts < 0:
         parser.error("--max-restarts must be >= 0")
+    try:  # a typo in a placeholder fails now, not at the first rollback hours later
+        restart_args(ns.resume_arg, RollbackRequest("checkpoint", 0, 1.0, 0))
+    except (KeyError, IndexError, ValueError) as exc:
+        parser.error(
+            f"--resume-arg: bad placeholder {exc}; use {{checkpoint}}, {{step}}, {{lr_scale}}, {{version}}"
+        )
     return supervise(command, max_restarts=ns.max_restarts, resume_args=ns.resume_arg)
 
 

@@ -2,8 +2,8 @@
 `python -m tests.trainer_hooks.rollback_job URL OUT`.
 
 Checkpoints every 2 steps. In its first attempt it plays the person at the dashboard: after step
-`REQUEST_AFTER` it asks the service for a rollback to step `ROLLBACK_TO` with the learning rate halved,
-and waits until its client has that directive, so the trainer acts on it at the next step's end. Each
+`REQUEST_AFTER` it asks the service for a rollback to step `ROLLBACK_TO` with the learning rate halved
+and LLDS on (as policy `heal` does), and waits until its client has that directive, so the trainer acts on it at the next step's end. Each
 attempt writes the learning rates it logged to `OUT/lr-<attempt>.json`."""
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from trainer_hooks.trl import MonitoredGRPOTrainer
 MAX_STEPS = 8
 REQUEST_AFTER = 5
 ROLLBACK_TO = 4
+LLDS_LAMBDA = 0.3
 
 
 def requester(url: str, client: MonitorClient) -> Any:
@@ -34,7 +35,11 @@ def requester(url: str, client: MonitorClient) -> Any:
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if state.global_step != REQUEST_AFTER:
                 return
-            body = {"rollback": {"to_step": ROLLBACK_TO, "lr_scale": 0.5}, "reason": "test: roll back"}
+            body = {
+                "rollback": {"to_step": ROLLBACK_TO, "lr_scale": 0.5},
+                "llds": {"enabled": True, "lam": LLDS_LAMBDA},  # as policy `heal` does
+                "reason": "test: roll back",
+            }
             reply = httpx.put(f"{url}/api/v1/runs/{client.run_id}/directive", json=body, timeout=30)
             reply.raise_for_status()
             version = reply.json()["version"]

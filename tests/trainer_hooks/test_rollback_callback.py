@@ -1,8 +1,8 @@
 """`LLDMonitorCallback` and a rollback request, without a Trainer: under a supervisor with a checkpoint
 at or before the step it writes the request and ends training without saving; without a supervisor or
 such a checkpoint it saves and stops, saying why; either way it acknowledges the version once. A job
-restarted for a rollback sets the learning rate (scheduler, optimizer, what the Trainer logs) and logs
-the restored step with its first step."""
+restarted for a rollback sets the learning rate (scheduler, optimizer, what the Trainer logs), logs
+the restored step with its first step, and does not carry out the request it was restarted for again."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def test_under_a_supervisor_it_hands_over_the_rollback(
     callback.apply_directive(9, control, str(checkpoints(tmp_path / "out", 2, 4, 6)))
     assert control.should_training_stop and not control.should_save
     assert rollback.read_request(request) == rollback.RollbackRequest(
-        str(tmp_path / "out" / "checkpoint-4"), 4, 0.5, 9
+        str(tmp_path / "out" / "checkpoint-4"), 4, 0.5, 9, version=3
     )
     assert rollback.requested()
     assert sink.logged == [(9, {APPLIED_VERSION_METRIC: 3.0})]
@@ -106,3 +106,26 @@ def test_a_restarted_job_sets_its_learning_rate_and_reports_the_restored_step(
     scheduler.step()
     assert scheduler.get_last_lr() == pytest.approx([0.025 * 0.5, 0.0125 * 0.5])
     assert sink.logged == [(5, {ROLLBACK_METRIC: 4.0})]
+
+
+def test_a_restarted_job_does_not_roll_back_again_for_the_same_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The job before acknowledged version 3, but that batch never reached the service: the directive
+    # still shows the request as pending (applied_version 0). The supervisor's environment says done.
+    request = tmp_path / "request.json"
+    monkeypatch.setenv(rollback.ENV_REQUEST, str(request))
+    monkeypatch.setenv(rollback.ENV_RESUME_FROM, str(tmp_path / "out" / "checkpoint-4"))
+    monkeypatch.setenv(rollback.ENV_ROLLED_BACK_TO, "4")
+    monkeypatch.setenv(rollback.ENV_ROLLBACK_VERSION, "3")
+    sink, control = Sink(), TrainerControl()
+    callback = LLDMonitorCallback(sink)  # type: ignore[arg-type]
+    callback.apply_directive(5, control, str(checkpoints(tmp_path / "out", 2, 4)))
+    assert not control.should_training_stop and not control.should_save and not request.exists()
+    assert sink.logged == [(5, {APPLIED_VERSION_METRIC: 3.0})]  # acknowledged now
+    # a later rollback request is carried out
+    sink.directive = {**DIRECTIVE, "version": 4, "rollback": 4, "rollback_to": 4}
+    callback.apply_directive(6, control, str(tmp_path / "out"))
+    assert control.should_training_stop and rollback.read_request(request) == rollback.RollbackRequest(
+        str(tmp_path / "out" / "checkpoint-4"), 4, 0.5, 6, version=4
+    )

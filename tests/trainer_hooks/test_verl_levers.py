@@ -1,7 +1,9 @@
 """verl's path for the levers (issue 15), without verl: the driver's `attach` writes every new directive
 (not only LLDS changes) to the directive file; `DirectiveLevers` in verl's driver loop returns each
 checkpoint/stop request once and the acknowledgement to merge into the metrics verl logs; the workers'
-LLDS reader still reads the file."""
+LLDS reader still reads the file. Rollback: the loop hands the request to `lldmon supervise` (or stops
+when it cannot), the restarted job's attachment reports the restored step with its first step and does
+not roll back again (with real verl: test_verl_rollback.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +16,11 @@ from typing import Any
 import pytest
 
 import trainer_hooks.verl as tv
-from contracts.directive import APPLIED_VERSION_METRIC, Directive, Levers, LLDSDirective
+from contracts.directive import APPLIED_VERSION_METRIC, ROLLBACK_METRIC, Directive, Levers, LLDSDirective
+from trainer_hooks import rollback
 from trainer_hooks._warn import WarnOnce
 from trainer_hooks.verl.directive import DirectiveFile
+from trainer_hooks.verl.rollback import RESUME_ARGS, resume_overrides
 
 
 class FakeTracking:
@@ -81,3 +85,149 @@ def test_a_bad_directive_file_means_nothing_to_do(tmp_path: Path, caplog: pytest
     assert len([r for r in caplog.records if "directive file" in r.getMessage()]) == 1  # warned once
     assert tv.write_directive(path, {"stop": 1}) is False  # malformed: nothing written
     assert path.read_text() == "{not json"
+
+
+# rollback (trainer_hooks.verl.rollback): the driver loop hands it to `lldmon supervise`; the restarted
+# job's attachment reports the restored step; the request it was restarted for is done
+
+
+ROLLBACK = Directive(LLDSDirective(True, 0.3), version=5, rollback=5, rollback_to=25, lr_scale=0.5)
+
+
+def verl_checkpoints(root: Path, *steps: int, incomplete: tuple[int, ...] = ()) -> Path:
+    """`global_step_<N>` folders as verl's `_save_checkpoint` leaves them (`data.pt` written last)."""
+    for step in (*steps, *incomplete):
+        (root / f"global_step_{step}" / "actor").mkdir(parents=True)
+        if step not in incomplete:
+            (root / f"global_step_{step}" / "data.pt").write_bytes(b"")
+    return root
+
+
+def test_a_rollback_request_is_handed_to_the_supervisor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    request = tmp_path / "request.json"
+    monkeypatch.setenv(rollback.ENV_REQUEST, str(request))
+    ckpt = verl_checkpoints(tmp_path / "ckpt", 10, 20, 30, incomplete=(24,))
+    path = tmp_path / "directive.json"
+    tv.write_directive(path, ROLLBACK)
+    levers = tv.DirectiveLevers(path)
+    todo = levers.take(step=31, checkpoint_dir=ckpt)
+    assert todo == Levers(acknowledge=5, rollback=True, rollback_to=20, lr_scale=0.5)  # end, don't save
+    assert todo.metrics() == {APPLIED_VERSION_METRIC: 5.0}
+    assert rollback.read_request(request) == rollback.RollbackRequest(
+        str(ckpt / "global_step_20"), 20, 0.5, 31, version=5
+    )
+    request.unlink()
+    assert levers.take(step=32, checkpoint_dir=ckpt) == Levers(lr_scale=0.5) and not request.exists()
+
+
+@pytest.mark.parametrize("why", ["no supervisor", "no checkpoint", "no folder given"])
+def test_without_a_possible_rollback_the_loop_saves_and_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, why: str
+) -> None:
+    if why == "no supervisor":
+        monkeypatch.delenv(rollback.ENV_REQUEST, raising=False)
+    else:
+        monkeypatch.setenv(rollback.ENV_REQUEST, str(tmp_path / "request.json"))
+    ckpt = verl_checkpoints(tmp_path / "ckpt", 30)  # none at or before step 25
+    path = tmp_path / "directive.json"
+    tv.write_directive(path, ROLLBACK)
+    with caplog.at_level(logging.WARNING, "lldmon.verl"):
+        todo = tv.DirectiveLevers(path).take(
+            step=31, checkpoint_dir=None if why == "no folder given" else ckpt
+        )
+    assert todo.stop and not todo.rollback and todo.acknowledge == 5
+    assert "rollback to step 25" in todo.stop_reason and todo.stop_reason in caplog.text
+    assert not (tmp_path / "request.json").exists()
+
+
+def test_a_stop_request_wins_over_a_rollback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(rollback.ENV_REQUEST, str(tmp_path / "request.json"))
+    path = tmp_path / "directive.json"
+    tv.write_directive(path, Directive(version=6, rollback=5, rollback_to=25, stop=6, stop_reason="budget"))
+    todo = tv.DirectiveLevers(path).take(step=31, checkpoint_dir=verl_checkpoints(tmp_path / "ckpt", 20))
+    assert todo == Levers(stop=True, stop_reason="budget", acknowledge=6)
+    assert not (tmp_path / "request.json").exists()
+
+
+def test_the_restarted_job_does_not_roll_back_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The directive file is the one the job before left (its acknowledgement is not in it).
+    monkeypatch.setenv(rollback.ENV_REQUEST, str(tmp_path / "request.json"))
+    monkeypatch.setenv(rollback.ENV_RESUME_FROM, str(tmp_path / "ckpt" / "global_step_20"))
+    monkeypatch.setenv(rollback.ENV_ROLLED_BACK_TO, "20")
+    monkeypatch.setenv(rollback.ENV_ROLLBACK_VERSION, "5")
+    path = tmp_path / "directive.json"
+    tv.write_directive(path, ROLLBACK)
+    todo = tv.DirectiveLevers(path).take(step=21, checkpoint_dir=verl_checkpoints(tmp_path / "ckpt", 20))
+    assert todo == Levers(acknowledge=5)
+    assert not (tmp_path / "request.json").exists()
+
+
+def test_resume_overrides_name_the_checkpoint_only_on_a_restart(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(rollback.ENV_RESUME_FROM, raising=False)
+    assert resume_overrides() == []
+    env = {rollback.ENV_RESUME_FROM: "/ckpt/global_step_20", rollback.ENV_ROLLED_BACK_TO: "20"}
+    assert resume_overrides(env) == [
+        "trainer.resume_mode=resume_path",
+        "trainer.resume_from_path=/ckpt/global_step_20",
+    ]
+    assert [a.format(checkpoint="/ckpt/global_step_20") for a in RESUME_ARGS] == resume_overrides(env)
+
+
+class FlushingSink(ClientLike):
+    def __init__(self) -> None:
+        super().__init__()
+        self.flushes = 0
+
+    def flush(self, timeout: float) -> bool:
+        self.flushes += 1
+        return True
+
+
+class FinishingTracking(FakeTracking):
+    def __init__(self) -> None:
+        super().__init__()
+        self.finished = 0
+
+    def finish(self, exit_code: int = 0) -> None:
+        self.finished += 1
+
+
+def test_the_restarted_jobs_attachment_reports_the_restored_step_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(rollback.ENV_RESUME_FROM, str(tmp_path / "global_step_20"))
+    monkeypatch.setenv(rollback.ENV_ROLLED_BACK_TO, "20")
+    tracking, sink = FinishingTracking(), FlushingSink()
+    sink.directive = ROLLBACK  # what a restarted client fetched at start-up
+    path = tmp_path / "directive.json"
+    tv.attach(tracking, sink, on_directive=tv.directive_file_writer(path))
+    # the workers' first redone step reads the service's directive, not what the job before left
+    assert json.loads(path.read_text())["llds"] == {"enabled": True, "lam": 0.3}
+    tracking.log({"val-core/acc": 0.5}, step=20)  # verl's validation before training: the restored step
+    tracking.log({"actor/entropy": 1.0}, step=21)
+    tracking.log({"actor/entropy": 1.0}, step=22)
+    assert [(step, metrics.get(ROLLBACK_METRIC)) for step, metrics in sink.calls] == [
+        (20, None),
+        (21, 20.0),
+        (22, None),
+    ]
+    assert tracking.logged[1] == (21, {"actor/entropy": 1.0})  # verl's own loggers see verl's data
+    tracking.finish()  # verl, as `fit` returns: what was logged leaves before the job ends
+    assert (tracking.finished, sink.flushes) == (1, 1)
+    tv.detach(tracking)
+    tracking.finish()
+    assert (tracking.finished, sink.flushes) == (2, 1)
+
+
+def test_a_normal_start_reports_no_rollback_and_waits_for_the_first_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(rollback.ENV_RESUME_FROM, raising=False)
+    tracking, sink = FakeTracking(), ClientLike()
+    path = tmp_path / "directive.json"
+    tv.attach(tracking, sink, on_directive=tv.directive_file_writer(path))
+    assert not path.exists()  # the default directive is no news from the service
+    tracking.log({"actor/entropy": 1.0}, step=1)
+    assert ROLLBACK_METRIC not in sink.calls[0][1] and path.exists()

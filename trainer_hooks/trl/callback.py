@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from contracts.directive import ROLLBACK_METRIC, Levers, LeverTracker
+from contracts.directive import ROLLBACK_METRIC, Levers, LeverTracker, parse_directive
 from trainer_hooks import rollback
 from trainer_hooks._guard import Guard
 from trainer_hooks._sink import MetricSink
@@ -83,8 +83,12 @@ class LLDMonitorCallback(TrainerCallback):
             if directive is None:
                 return
             levers = self._levers.take(directive)
+            parsed = parse_directive(directive)
+            version = parsed.rollback if parsed is not None else 0
+            if levers.rollback and rollback.restarted_for(version):
+                levers = Levers(levers.checkpoint, levers.stop, levers.stop_reason, levers.acknowledge)
             if levers.rollback and not levers.stop:
-                levers = self._roll_back(step, levers, control, output_dir)
+                levers = self._roll_back(step, levers, control, output_dir, version)
             if levers.checkpoint or levers.stop:
                 control.should_save = True
             if levers.stop:
@@ -98,7 +102,7 @@ class LLDMonitorCallback(TrainerCallback):
                 self.sink.log(step, levers.metrics())
 
     def _roll_back(
-        self, step: int, levers: Levers, control: TrainerControl, output_dir: str | None
+        self, step: int, levers: Levers, control: TrainerControl, output_dir: str | None, version: int
     ) -> Levers:
         """Hand the rollback to the supervisor and end training without saving; the levers left to
         apply (a stop, saying why, when no rollback is possible)."""
@@ -108,7 +112,7 @@ class LLDMonitorCallback(TrainerCallback):
         if request_file and found is not None:
             path, saved_at = found
             rollback.write_request(
-                request_file, rollback.RollbackRequest(str(path), saved_at, levers.lr_scale, step)
+                request_file, rollback.RollbackRequest(str(path), saved_at, levers.lr_scale, step, version)
             )
             control.should_training_stop = True
             logger.warning(
@@ -136,7 +140,7 @@ class LLDMonitorCallback(TrainerCallback):
         resumed = rollback.resumed()
         if resumed is None:
             return
-        _scale_learning_rate(optimizer, lr_scheduler, base_lr * resumed.lr_scale)
+        rollback.scale_learning_rate(optimizer, lr_scheduler, base_lr * resumed.lr_scale)
         logger.warning(
             "lldmon: resumed from %s (step %d) for a rollback, learning rate %g",
             resumed.checkpoint,
@@ -210,27 +214,6 @@ class LLDMonitorCallback(TrainerCallback):
         if self._send_guard.enabled:
             with self._send_guard():
                 self.sink.flush(self.flush_timeout)
-
-
-def _scale_learning_rate(optimizer: Any, lr_scheduler: Any, lr: float) -> None:
-    """Make `lr` the learning rate of the first parameter group (the others keep their ratio to it):
-    in the scheduler's base rates, which its next step applies, and in the optimizer's current ones."""
-    bases = list(getattr(lr_scheduler, "base_lrs", None) or [])
-    groups = list(getattr(optimizer, "param_groups", None) or [])
-    reference = bases[0] if bases else (groups[0]["lr"] if groups else None)
-    if not reference:
-        return
-    factor = lr / reference
-    if bases:
-        lr_scheduler.base_lrs = [b * factor for b in bases]
-    for group in groups:
-        group["lr"] *= factor
-        if "initial_lr" in group:
-            group["initial_lr"] *= factor
-    if groups and hasattr(lr_scheduler, "_last_lr"):
-        # what `get_last_lr()` (the Trainer's logged learning rate) reports until the scheduler's next
-        # step: the rates the optimizer now trains with, as the scheduler itself sets it after a step
-        lr_scheduler._last_lr = [group["lr"] for group in groups]
 
 
 class _RegularizerHooks(Protocol):

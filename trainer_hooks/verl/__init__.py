@@ -16,13 +16,15 @@ a `MonitorClient.from_env()` named after verl's experiment, in verl's project, w
 - `attach` / `attach_new_trackings` / `detach`: verl's `Tracking.log` also feeds a sink, under
   canonical names (`map_verl_metrics`).
 - `set_llds_override`, `directive_file_writer`, ...: switching LLDS while verl runs;
-  `DirectiveLevers`: the service's checkpoint/stop requests in verl's driver loop.
+  `DirectiveLevers`: the service's checkpoint/stop/rollback requests in verl's driver loop (a rollback
+  restarts the job under `lldmon supervise`: `trainer_hooks.verl.rollback`).
 
 One module per concept: `loss` (the registered policy loss), `measurement` (its in-loss
 measurement), `llds` (its LLDS term), `extras` (what the actor passes to the loss), `actor` (the
 probe actor), `batch` (what the actor reads from verl's batch), `config` (settings and verl's config
-class), `directive` (switching LLDS at run time), `tracking` (streaming verl's scalars), `names`
-(metric names, verl keys -> canonical names). Design notes: docs/hooks-verl.md.
+class), `directive` (switching LLDS at run time, the levers), `rollback` (rollback by restart),
+`tracking` (streaming verl's scalars), `names` (metric names, verl keys -> canonical names). Design
+notes: docs/hooks-verl.md.
 """
 
 from typing import Any

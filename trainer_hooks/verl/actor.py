@@ -21,6 +21,7 @@ from typing import Any, Final
 import torch
 from torch import Tensor
 
+from trainer_hooks import rollback
 from trainer_hooks._warn import WarnOnce
 from trainer_hooks.anchors import AnchorSet
 from trainer_hooks.likelihood import measure_step
@@ -86,7 +87,11 @@ def install() -> Callable[[], None]:
 
 
 def _build_class() -> type:
-    from verl.single_controller.base.decorator import make_nd_compute_dataproto_dispatch_fn, register
+    from verl.single_controller.base.decorator import (
+        Dispatch,
+        make_nd_compute_dataproto_dispatch_fn,
+        register,
+    )
     from verl.utils import tensordict_utils as tu
     from verl.workers.engine_workers import TrainingWorker
 
@@ -319,7 +324,18 @@ def _build_class() -> type:
                 anchors.measure(new[:n_local, : b.logits_to_keep], step=self._lldmon_step), ANCHOR_METRICS
             )
 
-        # --- the override -------------------------------------------------------------------------
+        # --- the overrides ------------------------------------------------------------------------
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[untyped-decorator]
+        def load_checkpoint(
+            self, local_path: Any, hdfs_path: Any = None, del_local_after_load: bool = False
+        ) -> Any:
+            """verl's restore; in a job restarted for a rollback, then the learning rate of a rollback
+            (`resume_learning_rate`)."""
+            configured = _base_rate(self.engine)  # before the restore: the config's rate
+            result = super().load_checkpoint(local_path, hdfs_path, del_local_after_load)
+            resume_learning_rate(self.engine, configured, self._lldmon_warn)
+            return result
 
         @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="train"), blocking=False)  # type: ignore[untyped-decorator]
         def train_mini_batch(self, data: Any) -> Any:
@@ -383,6 +399,38 @@ def _build_class() -> type:
     LLDMonTrainingWorker.__module__ = _PACKAGE
     LLDMonTrainingWorker.__qualname__ = "LLDMonTrainingWorker"
     return LLDMonTrainingWorker
+
+
+def _base_rate(engine: Any) -> float | None:
+    """The first base rate of `engine`'s scheduler (its optimizer's rate without one); None: neither."""
+    try:
+        bases = list(getattr(getattr(engine, "lr_scheduler", None), "base_lrs", None) or [])
+        if bases:
+            return float(bases[0])
+        groups = list(getattr(getattr(engine, "optimizer", None), "param_groups", None) or [])
+        return float(groups[0]["lr"]) if groups else None
+    except Exception:
+        return None
+
+
+def resume_learning_rate(engine: Any, configured: float | None, warn: WarnOnce) -> None:
+    """In a job `lldmon supervise` restarted for a rollback, after verl restored its checkpoint (and
+    with it the rates it was saved with, maybe scaled by an earlier rollback): the configured rate
+    `configured` times the rollback's factor (`trainer_hooks.rollback.scale_learning_rate`) on
+    `engine`'s optimizer and scheduler. Never raises: a failure is warned once, training goes on at
+    the checkpoint's rate."""
+    try:
+        resumed = rollback.resumed()
+        if resumed is None:
+            return
+        if configured is None:
+            warn("lr-scale", "lldmon: cannot set the rollback's learning rate: the engine has no optimizer")
+            return
+        lr = configured * resumed.lr_scale
+        rollback.scale_learning_rate(engine.optimizer, getattr(engine, "lr_scheduler", None), lr)
+        logger.warning("lldmon: resumed from %s for a rollback, learning rate %g", resumed.checkpoint, lr)
+    except Exception as exc:
+        warn(("lr-scale", type(exc).__name__), "lldmon: cannot set the rollback's learning rate: %r", exc)
 
 
 def _weighted(result: Mapping[str, float], names: Sequence[str]) -> dict[str, float]:

@@ -2,19 +2,25 @@
 worker processes (written by the driver, read by the loss), and their precedence over the config.
 What reaches the workers and what cannot: docs/hooks-verl.md.
 
-The directive file also carries the service's checkpoint and stop requests. verl saves and stops in
-its driver loop (`RayPPOTrainer.fit`), which lldmon does not patch; `DirectiveLevers` reads them there,
-each request once, and acknowledges the directive through the metrics verl logs::
+The directive file also carries the service's checkpoint, stop and rollback requests. verl saves and
+stops in its driver loop (`RayPPOTrainer.fit`), which lldmon does not patch; `DirectiveLevers` reads
+them there, each request once, and acknowledges the directive through the metrics verl logs. Given the
+step and verl's checkpoint folder, it hands a rollback request to `lldmon supervise`
+(`trainer_hooks.verl.rollback`: run the job with `--resume-arg trainer.resume_mode=resume_path
+--resume-arg 'trainer.resume_from_path={checkpoint}'`), which restarts the job from the checkpoint::
 
     levers = DirectiveLevers("/shared/lldmon/directive.json")    # the path given to directive_file_writer
     # in RayPPOTrainer.fit (a subclass or a copy), after a step's `metrics` are complete:
-    todo = levers.take()
+    todo = levers.take(step=self.global_steps, checkpoint_dir=self.config.trainer.default_local_dir)
     metrics.update(todo.metrics())            # {"directive/applied_version": v} when there is news
     if todo.checkpoint or todo.stop:
         self._save_checkpoint()
     logger.log(data=metrics, step=self.global_steps)
-    if todo.stop:
-        return                                # graceful stop: saved, logged, done
+    if todo.stop or todo.rollback:
+        return        # stop: saved, logged, done; rollback: the supervisor restarts the job from the checkpoint
+
+The restarted job needs nothing more in the loop: the `Tracking` attachment logs
+`directive/rollback_to` with its first step, lldmon's actor applies the learning-rate factor.
 """
 
 from __future__ import annotations
@@ -29,8 +35,10 @@ from collections.abc import Callable
 from typing import Any
 
 from contracts.directive import DEFAULT_LLDS_LAMBDA, Levers, LeverTracker, LLDSDirective, parse_directive
+from trainer_hooks import rollback
 from trainer_hooks._warn import WarnOnce
 from trainer_hooks.verl.config import LossSettings
+from trainer_hooks.verl.rollback import hand_over
 
 __all__ = [
     "DirectiveFile",
@@ -151,16 +159,38 @@ class DirectiveFile:
 
 
 class DirectiveLevers:
-    """The directive file's checkpoint and stop requests, for verl's driver loop (module docstring):
-    `take()` returns each request once (`contracts.directive.LeverTracker`); a missing or malformed
-    file means nothing to do (malformed: warned once)."""
+    """The directive file's checkpoint, stop and rollback requests, for verl's driver loop (module
+    docstring): `take()` returns each request once (`contracts.directive.LeverTracker`); a missing or
+    malformed file means nothing to do (malformed: warned once)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         self._tracker = LeverTracker()
         self._warn = WarnOnce(logging.getLogger("lldmon.verl"))
+        self._rollback_id = 0  # the rollback request id of the directive read last
 
-    def take(self) -> Levers:
+    def take(self, step: int | None = None, checkpoint_dir: str | os.PathLike[str] | None = None) -> Levers:
+        """What the loop should do after verl step `step`, each request once.
+
+        With `step`, a rollback request is carried out (`trainer_hooks.verl.rollback.hand_over`):
+        `rollback` set means the supervisor's request is written and the loop ends the run without
+        saving (`rollback_to` is then the checkpoint's step); if no rollback is possible (no
+        supervisor, no complete checkpoint at or before the step in `checkpoint_dir`, verl's
+        `trainer.default_local_dir`), `stop` is set instead, with the reason. A stop request wins
+        over a rollback. Without `step` the rollback request is returned as it is, for a caller that
+        handles it itself. The rollback this job was restarted for is never returned again.
+        """
+        levers = self._read()
+        if not levers.rollback:
+            return levers
+        if levers.stop or rollback.restarted_for(self._rollback_id):
+            return Levers(levers.checkpoint, levers.stop, levers.stop_reason, levers.acknowledge)
+        if step is None:
+            return levers
+        return hand_over(levers, step=step, checkpoint_dir=checkpoint_dir, version=self._rollback_id)
+
+    def _read(self) -> Levers:
+        self._rollback_id = 0
         try:
             with open(self.path) as fh:
                 data = json.load(fh)
@@ -169,10 +199,12 @@ class DirectiveLevers:
         except (OSError, ValueError) as exc:
             self._warn(("levers", self.path), "lldmon: cannot read directive file %s: %s", self.path, exc)
             return Levers()
-        if parse_directive(data) is None:
+        parsed = parse_directive(data)
+        if parsed is None:
             self._warn(("levers", self.path), "lldmon: ignoring malformed directive file %s", self.path)
             return Levers()
-        return self._tracker.take(data)
+        self._rollback_id = parsed.rollback
+        return self._tracker.take(parsed)
 
 
 class LLDSSwitch:

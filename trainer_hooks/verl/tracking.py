@@ -1,7 +1,8 @@
 """Streaming verl's logged scalars to lldmon: `attach` wraps a `verl.utils.tracking.Tracking`'s `log`
 so that every logged dict also goes to a sink under canonical names (`map_verl_metrics`), and passes
-the service's LLDS directive on (`on_directive`, e.g. `directive_file_writer`). Where verl creates its
-`Tracking` and how to reach it: docs/hooks-verl.md."""
+the service's LLDS directive on (`on_directive`, e.g. `directive_file_writer`); in a job restarted for
+a rollback it reports the restored step (`ROLLBACK_METRIC`) with the first step trained again. Where
+verl creates its `Tracking` and how to reach it: docs/hooks-verl.md."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from contracts.directive import Directive, parse_directive
+from contracts.directive import ROLLBACK_METRIC, Directive, parse_directive
+from trainer_hooks import rollback
 from trainer_hooks._sink import ScalarSink
 from trainer_hooks._warn import WarnOnce
 from trainer_hooks.verl.names import map_verl_metrics
@@ -20,6 +22,17 @@ __all__ = ["attach", "attach_new_trackings", "default_sink_factory", "detach"]
 logger = logging.getLogger("lldmon.verl")
 
 _ORIGINAL_LOG: Final = "_lldmon_original_log"
+_ORIGINAL_FINISH: Final = "_lldmon_original_finish"
+
+
+def _restored_step() -> int | None:
+    """The step this job restored for a rollback (`lldmon supervise`'s environment); None: none."""
+    try:
+        found = rollback.resumed()
+    except ValueError as exc:
+        logger.warning("lldmon: ignoring a malformed rollback environment: %s", exc)
+        return None
+    return None if found is None else found.step
 
 
 def attach(
@@ -27,14 +40,23 @@ def attach(
     sink: ScalarSink,
     *,
     on_directive: Callable[[Any], object] | None = None,
+    flush_timeout: float = 10.0,
 ) -> Any:
     """Make `tracking.log(data, step)` (a `verl.utils.tracking.Tracking`) also feed `sink`.
 
     After verl's own loggers ran, `sink.log(int(step), map_verl_metrics(data))` is called. With
     `on_directive`, `on_directive(sink.directive)` is then called whenever the sink's directive
     (`contracts.directive.parse_directive`: its LLDS switch, requests or acknowledged version) differs
-    from the one last passed (the first time: at the first log). Use `directive_file_writer(path)` to pass it to the verl workers through
-    `llds_directive_file` (docs/hooks-verl.md says what reaches the workers and what not).
+    from the one last passed: the first time now if the sink already has one from the service (version
+    > 0: a client resuming a run fetches it at start-up), else at the first log. Use
+    `directive_file_writer(path)` to pass it to the verl workers through `llds_directive_file`
+    (docs/hooks-verl.md says what reaches the workers and what not).
+
+    In a job `lldmon supervise` restarted for a rollback (`trainer_hooks.rollback.resumed()`), the first
+    log of a step after the restored one also carries `ROLLBACK_METRIC` (the restored step), which tells
+    the service which steps are trained again. `tracking.finish()` (verl calls it when `fit` drops its
+    `Tracking`) flushes the sink, waiting at most `flush_timeout` seconds, so that the last step's
+    metrics leave before the job ends (also when it ends for a rollback).
 
     Anything lldmon does here is guarded: an error is logged once (logger `lldmon.verl`) and never
     reaches verl; verl's own logging runs first and unguarded. Attaching again replaces the
@@ -46,25 +68,59 @@ def attach(
         tracking.__dict__[_ORIGINAL_LOG] = original
     warn = WarnOnce(logger)
     last_switch: list[Directive | None] = [None]
+    restored: list[int | None] = [_restored_step()]  # reported with the first step after it
+
+    def pass_directive(only_from_service: bool) -> None:
+        if on_directive is None:
+            return
+        try:
+            directive = getattr(sink, "directive", None)
+            switch = parse_directive(directive) if directive is not None else None
+            if only_from_service and (switch is None or switch.version == 0):
+                return
+            if switch is not None and switch != last_switch[0]:
+                on_directive(directive)
+                last_switch[0] = switch
+        except Exception as exc:
+            warn(("directive", type(exc).__name__), "lldmon: on_directive failed: %r", exc)
 
     def log(data: Any, step: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(data, step, *args, **kwargs)
         try:
-            sink.log(int(step), map_verl_metrics(data))
+            at = int(step)
+            metrics = map_verl_metrics(data)
+            marker = restored[0]
+            if marker is not None and at > marker:
+                metrics = {**metrics, ROLLBACK_METRIC: float(marker)}
+            sink.log(at, metrics)
+            if marker is not None and at > marker:
+                restored[0] = None
         except Exception as exc:
             warn(("sink", type(exc).__name__), "lldmon: could not send verl metrics: %r", exc)
-        if on_directive is not None:
-            try:
-                directive = getattr(sink, "directive", None)
-                switch = parse_directive(directive) if directive is not None else None
-                if switch is not None and switch != last_switch[0]:
-                    on_directive(directive)
-                    last_switch[0] = switch
-            except Exception as exc:
-                warn(("directive", type(exc).__name__), "lldmon: on_directive failed: %r", exc)
+        pass_directive(only_from_service=False)
         return result
 
+    original_finish = tracking.__dict__.get(_ORIGINAL_FINISH)
+    if original_finish is None:
+        original_finish = getattr(tracking, "finish", None)
+        if original_finish is not None:
+            tracking.__dict__[_ORIGINAL_FINISH] = original_finish
+
+    def finish(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original_finish(*args, **kwargs) if original_finish is not None else None
+        finally:
+            flush = getattr(sink, "flush", None)
+            if flush is not None:
+                try:
+                    flush(flush_timeout)
+                except Exception as exc:
+                    warn(("flush", type(exc).__name__), "lldmon: could not flush the sink: %r", exc)
+
     tracking.log = log
+    if original_finish is not None:
+        tracking.finish = finish
+    pass_directive(only_from_service=True)
     return tracking
 
 
@@ -172,8 +228,9 @@ def attach_new_trackings(
 
 def detach(tracking: Any) -> None:
     """Undo `attach`: `tracking.log` is verl's own again (no-op if not attached)."""
-    original = tracking.__dict__.pop(_ORIGINAL_LOG, None)
-    if original is not None:
-        tracking.__dict__.pop("log", None)
-        if getattr(tracking, "log", None) != original:  # `log` was an instance attribute before
-            tracking.log = original
+    for name, key in (("log", _ORIGINAL_LOG), ("finish", _ORIGINAL_FINISH)):
+        original = tracking.__dict__.pop(key, None)
+        if original is not None:
+            tracking.__dict__.pop(name, None)
+            if getattr(tracking, name, None) != original:  # it was an instance attribute before
+                setattr(tracking, name, original)
