@@ -54,6 +54,7 @@ import argparse
 import contextlib
 import dataclasses
 import glob
+import hashlib
 import importlib.util
 import json
 import math
@@ -778,6 +779,59 @@ def supervised_warmup(
     return loss_value
 
 
+def warmup_cache_file(
+    args: argparse.Namespace, steps: int, lr: float, device: str, bf16: bool
+) -> Path | None:
+    """`--warmup-cache`'s file for this run's warm-up: named by a hash of everything the warmed-up
+    weights depend on (the model, the corpus files, the seed, the warm-up settings, the device and
+    thread count, this script's source, torch's and transformers' versions), so that a run loads only
+    weights it would have trained itself. None for a model not built in code (its files could change
+    under the same name)."""
+    import torch
+    import transformers
+
+    if args.model not in BUILT_IN_MODELS:
+        return None
+    digest = hashlib.sha256()
+    for name in sorted(p.name for p in args.corpus.iterdir() if p.is_file()):
+        digest.update(name.encode() + b"\0" + (args.corpus / name).read_bytes() + b"\0")
+    digest.update(Path(__file__).read_bytes())
+    settings = {
+        "model": args.model,
+        "chat_template": args.chat_template,
+        "seed": args.seed,
+        "steps": steps,
+        "batch_size": args.warmup_batch_size,
+        "lr": lr,
+        "device": device,
+        "bf16": bf16,
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+    digest.update(json.dumps(settings, sort_keys=True).encode())
+    folder: Path = args.warmup_cache
+    return folder / f"warmup-{args.model}-s{args.seed}-{digest.hexdigest()[:16]}.pt"
+
+
+def save_warmup(model: Any, path: Path) -> None:
+    """Write the warmed-up weights to `path` atomically (a lab's parallel runs may write the same one)."""
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp)
+    os.replace(tmp, path)
+
+
+def load_warmup(model: Any, path: Path, device: str) -> None:
+    """Load warmed-up weights saved by `save_warmup`; the model ends in eval mode, as after training."""
+    import torch
+
+    model.load_state_dict(torch.load(path, map_location=device, weights_only=True))
+    model.eval()
+
+
 # ------------------------------------------------------------------------------------------------
 # lldmon
 
@@ -973,6 +1027,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--warmup-batch-size", type=int, default=16)
     p.add_argument(
+        "--warmup-cache",
+        type=Path,
+        default=None,
+        help="folder of warmed-up weights: a run whose warm-up (model, corpus, seed, warm-up settings, "
+        "device, threads, this script, torch and transformers) was done before loads it instead of "
+        "training it again (the lab shares one warm-up between the arms of a seed)",
+    )
+    p.add_argument(
         "--warmup-lr", type=float, default=None, help="default: tiny 3e-3, qwen2-150m 5e-4, else 1e-5"
     )
     p.add_argument(
@@ -1103,25 +1165,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"rollback: resuming from {resumed.checkpoint} (step {resumed.step}), no warm-up")
         warmup_steps = 0
     if warmup_steps > 0:
-        traces = []
-        questions = corpus.warmup + corpus.qa
-        for item in questions:
-            messages = warmup_trace(item, search, instruct)
-            if messages is not None:
-                traces.append(tokenize_trace(tokenizer, messages, [search]))
-        log(f"warm-up: {len(traces)} tool-format traces from {len(questions)} corpus questions")
-        supervised_warmup(
-            model,
-            tokenizer,
-            traces,
-            steps=warmup_steps,
-            batch_size=args.warmup_batch_size,
-            lr=warmup_lr,
-            seed=args.seed,
-            log=log,
-            device=device,
-            bf16=bf16,
-        )
+        cached = None
+        if args.warmup_cache is not None:
+            cached = warmup_cache_file(args, warmup_steps, warmup_lr, device, bf16)
+        if cached is not None and cached.is_file():
+            load_warmup(model, cached, device)
+            log(f"warm-up: {warmup_steps} steps loaded from {cached}")
+        else:
+            traces = []
+            questions = corpus.warmup + corpus.qa
+            for item in questions:
+                messages = warmup_trace(item, search, instruct)
+                if messages is not None:
+                    traces.append(tokenize_trace(tokenizer, messages, [search]))
+            log(f"warm-up: {len(traces)} tool-format traces from {len(questions)} corpus questions")
+            supervised_warmup(
+                model,
+                tokenizer,
+                traces,
+                steps=warmup_steps,
+                batch_size=args.warmup_batch_size,
+                lr=warmup_lr,
+                seed=args.seed,
+                log=log,
+                device=device,
+                bf16=bf16,
+            )
+            if cached is not None:
+                save_warmup(model, cached)
+                log(f"warm-up: saved to {cached}")
 
     from datasets import Dataset
 

@@ -7,6 +7,7 @@ library, torch and TRL are imported inside `main`.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import os
@@ -357,3 +358,58 @@ def test_success_rate_reward(ex: ModuleType) -> None:
     assert setup.weights == [1.0, 0.0] and setup.success_threshold == 1.0
     rewards = _total(setup, [_trajectory(KENYA), _trajectory(OTHER)], [gold, gold])
     assert rewards == [1.0, 0.5] and all(0.0 <= r <= 1.0 for r in rewards)
+
+
+# ----------------------------------------------------------------------------------------------
+# the warm-up cache (`--warmup-cache`)
+
+
+def test_warmup_cache_names_what_the_weights_depend_on(ex: ModuleType, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+
+    def key(*extra: str) -> Path | None:
+        args = ex.parse_args(["--model", "tiny", "--warmup-cache", str(tmp_path), *extra])
+        return ex.warmup_cache_file(args, 30, 3e-3, "cpu", False)
+
+    base = key()
+    assert base is not None and base.parent == tmp_path and base == key()
+    changed = [key("--seed", "1"), key("--threads", "2"), key("--warmup-batch-size", "8")]
+    assert len({base, *changed}) == 4
+    args = ex.parse_args(["--model", "tiny", "--warmup-cache", str(tmp_path)])
+    assert ex.warmup_cache_file(args, 31, 3e-3, "cpu", False) != base  # steps
+    assert ex.warmup_cache_file(args, 30, 1e-3, "cpu", False) != base  # learning rate
+    other = ex.parse_args(["--model", str(tmp_path / "some-hf-model"), "--warmup-cache", str(tmp_path)])
+    assert ex.warmup_cache_file(other, 30, 3e-3, "cpu", False) is None  # files that may change
+
+
+def test_the_warmup_is_deterministic_and_its_cache_restores_it_exactly(
+    ex: ModuleType, retriever: Any, tmp_path: Path
+) -> None:
+    torch = pytest.importorskip("torch")
+    corpus = ex.load_corpus()
+    search = ex.make_search_tool(retriever, 1)
+    initial, tokenizer, _ = ex.load_model("tiny", corpus, "auto", 0)
+    traces = []
+    for item in corpus.warmup[:40]:
+        messages = ex.warmup_trace(item, search, False)
+        if messages is not None:
+            traces.append(ex.tokenize_trace(tokenizer, messages, [search]))
+
+    def warmed() -> Any:
+        model = copy.deepcopy(initial)
+        ex.supervised_warmup(model, tokenizer, traces, steps=3, batch_size=4, lr=3e-3, seed=0, log=print)
+        return model
+
+    first, second = warmed(), warmed()
+    state = first.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in second.state_dict().items())
+    fresh = copy.deepcopy(initial)
+    assert not all(torch.equal(state[k], v) for k, v in fresh.state_dict().items())
+    fresh.train()
+    path = tmp_path / "cache" / "warmup.pt"
+    ex.save_warmup(first, path)
+    assert [p.name for p in path.parent.iterdir()] == ["warmup.pt"]  # no temporary file left
+    ex.load_warmup(fresh, path, "cpu")
+    assert all(torch.equal(state[k], v) for k, v in fresh.state_dict().items())
+    assert not fresh.training  # as after the warm-up

@@ -27,10 +27,12 @@ SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "search_r1_grpo.py"
 TIMING = re.compile(r"time|runtime|per_second")
 """Metric names measured in wall time (TRL's `step_time`, transformers' `train_runtime`, ...)."""
 
-pytestmark = pytest.mark.slow  # three short real trainings, one after the other: ~100 s on 2 cores
+pytestmark = pytest.mark.slow  # three short real trainings (two warm-ups), one after the other
 
 
-def _run(tmp_path: Path, url: str, name: str, seed: int, steps: int) -> dict[int, dict[str, float]]:
+def _run(
+    tmp_path: Path, url: str, name: str, seed: int, steps: int
+) -> tuple[dict[int, dict[str, float]], str]:
     metrics = tmp_path / f"{name}.jsonl"
     command = [
         sys.executable,
@@ -55,6 +57,8 @@ def _run(tmp_path: Path, url: str, name: str, seed: int, steps: int) -> dict[int
         str(tmp_path / name),
         "--metrics-jsonl",
         str(metrics),
+        "--warmup-cache",
+        str(tmp_path / "warmup-cache"),
     ]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONHASHSEED": "random"}
     env.pop("LLDMON_URL", None)
@@ -63,7 +67,9 @@ def _run(tmp_path: Path, url: str, name: str, seed: int, steps: int) -> dict[int
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    return {int(r["step"]): {k: v for k, v in r["metrics"].items() if not TIMING.search(k)} for r in rows}
+    return {
+        int(r["step"]): {k: v for k, v in r["metrics"].items() if not TIMING.search(k)} for r in rows
+    }, proc.stdout
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -76,11 +82,16 @@ def test_same_seed_same_metrics_at_every_step_other_seed_differs(tmp_path: Path)
     from tests.live_server import LiveServer
 
     with LiveServer(tmp_path / "server").start() as server:
-        first = _run(tmp_path, server.url, "det-a", seed=0, steps=6)
-        second = _run(tmp_path, server.url, "det-b", seed=0, steps=6)
-        other = _run(tmp_path, server.url, "det-c", seed=1, steps=2)
+        first, first_log = _run(tmp_path, server.url, "det-a", seed=0, steps=6)
+        second, second_log = _run(tmp_path, server.url, "det-b", seed=0, steps=6)
+        other, other_log = _run(tmp_path, server.url, "det-c", seed=1, steps=2)
         stored = [server.series(server.run_id(n, "demo")) for n in ("det-a", "det-b")]
 
+    # the second run loads the first one's warm-up (`--warmup-cache`), the other seed trains its own:
+    # the same metrics below also show that a cached warm-up changes nothing
+    assert "warm-up: saved to" in first_log and "loaded from" not in first_log
+    assert "warm-up: 200 steps loaded from" in second_log
+    assert "warm-up: saved to" in other_log and "loaded from" not in other_log
     assert sorted(first) == sorted(second) == list(range(1, 7))
     for step in first:
         a, b = first[step], second[step]

@@ -7,7 +7,9 @@
   does not import torch), at most `jobs` at a time, each with `--threads` torch threads, a unique run
   name in the lab's project (the setting's key and seed, `-r2`, `-r3`, ... if the service has that name
   already, e.g. from an interrupted attempt) and the policy of its LLDS mode (`lldmon_lab.lab.grid`).
-  Output: `DIR/logs/<run name>.log`, TRL's output and the client spool under `DIR/work/<run name>/`.
+  Output: `DIR/logs/<run name>.log`, TRL's output and the client spool under `DIR/work/<run name>/`;
+  warmed-up weights in `DIR/warmup-cache/`, one file per seed and warm-up, which the other runs of
+  that seed load instead of training the same warm-up again.
 - Progress: polled from the service's API (step, reward, phase, directive), shown as a live table on a
   terminal, one line per start and end otherwise.
 - When a run ends, its record is read back from the API (reward series, task-success series
@@ -402,6 +404,9 @@ class _Lab:
             # every metric the hooks sent, at every step: the raw material of recorded fixtures
             "--metrics-jsonl",
             str(work / "metrics.jsonl"),
+            # the arms of a seed share their warm-up (same model, seed and warm-up settings)
+            "--warmup-cache",
+            str(self.out / "warmup-cache"),
         ]
         if self.o.token:
             command += ["--lldmon-token", self.o.token]
