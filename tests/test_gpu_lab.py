@@ -70,19 +70,13 @@ def _give_torch_and_transformers(python: str, site: Path) -> None:
             source = Path(str(dist.locate_file(entry)))
             if source.exists() and not (site / entry).exists():
                 (site / entry).symlink_to(source)
-    purelib = subprocess.run(
-        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+
+    def ask(code: str) -> str:
+        return subprocess.run([python, "-c", code], check=True, capture_output=True, text=True).stdout
+
+    purelib = ask("import sysconfig; print(sysconfig.get_paths()['purelib'])").strip()
     (Path(purelib) / "device-preinstalled.pth").write_text(f"{site}\n")
-    versions = subprocess.run(
-        [python, "-c", "import torch, transformers; print(torch.__version__, transformers.__version__)"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.split()
+    versions = ask("import torch, transformers; print(torch.__version__, transformers.__version__)").split()
     assert versions == [md.version("torch"), md.version("transformers")]
 
 
