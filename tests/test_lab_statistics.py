@@ -162,6 +162,35 @@ def test_steps_wasted_without_and_with_rollbacks() -> None:
     assert g.steps_wasted_mean == pytest.approx(55.5)
 
 
+def test_a_run_stopped_in_collapse_counts_as_collapsed() -> None:
+    """Policy `heal` out of rollbacks stops the run: the service's phase says collapse, the series ends
+    too soon for the rule (a peak, then 10 steps below 20 % of it). Counting it as healthy would credit
+    the policy that stopped it: it is a collapse at the step the run entered phase III."""
+    heal = Setting(steps=100, llds="heal")
+    rewards = [0.3] * 40 + [0.25, 0.2, 0.02]  # the reward falls at 41-43, where the run is stopped
+
+    def stopped_record(phase: str, last_step: int) -> dict[str, Any]:
+        record = _record(heal, 0, rewards, last_step=last_step)
+        record["run"]["phase"] = phase
+        record["phases"] = [{"step": 42, "phase": "collapse", "previous_phase": "healthy"}]
+        return record
+
+    stopped = analyse(stopped_record("collapse", 43))
+    assert (stopped.collapse_step, stopped.stopped_in_collapse, stopped.steps_after_collapse) == (42, True, 1)
+    (g,) = group_stats([stopped_record("collapse", 43), _record(heal, 1, [0.3] * 100)])
+    assert (g.collapsed, g.finished, g.collapse_steps) == (1, 2, (42,))
+    # the same series, but the run went on to its planned steps and recovered: the rule decides
+    recovered = analyse(stopped_record("healthy", 100))
+    assert (recovered.collapse_step, recovered.stopped_in_collapse) == (None, False)
+    # ... and a labelled collapse keeps its label
+    labelled = _record(heal, 2, COLLAPSE, last_step=30)
+    labelled["run"]["phase"] = "collapse"
+    labelled["phases"] = [{"step": 20, "phase": "collapse", "previous_phase": "healthy"}]
+    assert (analyse(labelled).collapse_step, analyse(labelled).stopped_in_collapse) == (14, False)
+    rendered = render_markdown(summary_payload([stopped_record("collapse", 43)]))
+    assert "| 42 (stopped) |" in rendered
+
+
 @pytest.mark.parametrize(
     ("rollbacks", "message"),
     [

@@ -8,7 +8,11 @@ data by `analyse`, so changing the rule relabels old runs (`lldmon lab summary D
 
 Derived per run, from the labelled series (`label_metric`: the reward, or the task success for a run
 whose reward design is not `exact`):
-- `collapse_step`: `lldmon_lab.labels.collapse_step` of that series (the one collapse rule);
+- `collapse_step`: `lldmon_lab.labels.collapse_step` of that series (the one collapse rule); for a run
+  that ended before its planned steps in phase `collapse` (`stopped_in_collapse`: the service stopped
+  it, e.g. policy `heal` out of rollbacks), where the rule cannot see a collapse in the shortened
+  series, the step it entered phase III. A run stopped because it collapsed is a collapse: counting it
+  as healthy would credit the policy that stopped it;
 - `first_alert` (and its kind): the smallest `first_step` of any lldmon alert;
 - `first_decay`: the first phase event into `decay` or `collapse`; `first_collapse_phase`: into
   `collapse` (phase III);
@@ -110,6 +114,7 @@ class Derived:
     best_reward: float | None
     final_reward: float | None
     final_phase: str | None
+    stopped_in_collapse: bool = False
     rollbacks: int = 0
     steps_redone: int = 0
     steps_after_collapse: int = 0
@@ -188,11 +193,22 @@ def analyse(record: Mapping[str, Any]) -> Derived:
         for d in record.get("directives", [])
         if d.get("enabled")
     )
-    collapse = collapse_step(steps, values)
-    first_warning = _min([first_alert, first_decay])
-    lead = None if collapse is None or first_warning is None else collapse - first_warning
     run = record.get("run") or {}
     steps_done = None if run.get("last_step") is None else int(run["last_step"])
+    planned = (record.get("setting") or {}).get("steps")
+    stopped = (
+        run.get("phase") == "collapse"
+        and first_collapse is not None
+        and steps_done is not None
+        and planned is not None
+        and steps_done < int(planned)
+    )
+    collapse = collapse_step(steps, values)
+    stopped_in_collapse = collapse is None and stopped
+    if stopped_in_collapse:
+        collapse = first_collapse
+    first_warning = _min([first_alert, first_decay])
+    lead = None if collapse is None or first_warning is None else collapse - first_warning
     rollbacks = rollbacks_of(record)
     redone = sum(r.redone for r in rollbacks)
     after = max(0, steps_done - collapse) if steps_done is not None and collapse is not None else 0
@@ -209,6 +225,7 @@ def analyse(record: Mapping[str, Any]) -> Derived:
         best_reward=max(means) if means else None,
         final_reward=means[-1] if means else None,
         final_phase=run.get("phase"),
+        stopped_in_collapse=stopped_in_collapse,
         rollbacks=len(rollbacks),
         steps_redone=redone,
         steps_after_collapse=after,
@@ -277,7 +294,9 @@ class Comparison:
 
 
 STATISTICS_TEXT: Final = (
-    "Collapse rate: collapsed of n finished runs, with a Wilson score 95 % interval. "
+    "Collapse rate: collapsed of n finished runs (a run the service stopped in phase collapse before "
+    "its planned steps counts as collapsed at the step it entered that phase), with a Wilson score 95 % "
+    "interval. "
     "p vs off: one-sided Fisher exact test that the arm collapses less often than LLDS off with the same "
     "other settings; static on vs auto and auto vs heal: two-sided Fisher exact; p-values are not "
     "corrected for multiple comparisons. Rewards: mean over the finished runs of each run's best and "
@@ -616,7 +635,7 @@ def render_markdown(payload: Mapping[str, Any]) -> str:
                 r["seed"],
                 r["status"],
                 f"{_cell(r['steps_done'])}/{_cell(r['steps_planned'])}",
-                r["collapse_step"],
+                f"{r['collapse_step']} (stopped)" if r.get("stopped_in_collapse") else r["collapse_step"],
                 None if r["first_alert"] is None else f"{r['first_alert']} ({r['first_alert_kind']})",
                 r["first_decay"],
                 r["first_collapse_phase"],
