@@ -141,11 +141,13 @@ class LeverChange:
 
 @dataclass(frozen=True)
 class HealContext:
-    """What `heal` needs to know of a run besides its directive: rollbacks requested so far, and the
-    step it last entered decay in its phase history (None: it did not)."""
+    """What `heal` needs to know of a run besides its directive: rollbacks requested so far, the step
+    it last entered decay in its phase history (None: it did not), and the earliest step a rollback of
+    it restored (None: none yet)."""
 
     rollbacks_used: int = 0
     decay_entry: int | None = None
+    restored: int | None = None
 
 
 def decide_levers(
@@ -169,6 +171,10 @@ def decide_levers(
             target = (
                 heal.decay_entry if heal.decay_entry is not None and heal.decay_entry < step else step - 1
             )
+            if heal.restored is not None:
+                # the checkpoint restored last time led back into this collapse: restoring it again
+                # would replay it, so a further rollback goes to an earlier one
+                target = min(target, heal.restored - 1)
             if heal.rollbacks_used >= rule.max_rollbacks or target < 0:
                 stop = exhausted = True
                 why = (

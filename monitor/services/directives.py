@@ -162,6 +162,7 @@ class DirectiveService:
             heal = HealContext(
                 rollbacks_used=event_store.rollback_requests(conn, run_id),
                 decay_entry=event_store.latest_entry(conn, run_id, "decay"),
+                restored=event_store.earliest_restored(conn, run_id),
             )
         levers = decide_levers(policy, entered, directive, self.rule, heal)
         if change is None and levers is None:

@@ -207,6 +207,14 @@ def latest_entry(conn: Connection, run_id: int, phase: str) -> int | None:
     return None if value is None else int(value)
 
 
+def earliest_restored(conn: Connection, run_id: int) -> int | None:
+    """The earliest step a rollback of the run restored (None: no rollback yet)."""
+    value = conn.execute(
+        select(func.min(rollbacks.c.to_step)).where(rollbacks.c.run_id == run_id)
+    ).scalar_one()
+    return None if value is None else int(value)
+
+
 def record_rollback(conn: Connection, run_id: int, from_step: int, to_step: int, version: int) -> None:
     """Record a rollback from `from_step` to the checkpoint of `to_step`: the phase events after
     `to_step` leave the run's phase history and are kept with the rollback (`undone_phases`)."""

@@ -35,6 +35,24 @@ def test_a_second_rollback_raises_lambda_and_scales_the_learning_rate_again() ->
     assert change.llds == LLDSDirective(True, 0.3)
 
 
+def test_a_further_rollback_goes_before_the_checkpoint_restored_last_time() -> None:
+    # the first rollback restored step 100 and the run collapsed again at 101: restoring 100 again
+    # would replay the same collapse
+    again = decide_levers(
+        "heal", [("collapse", 101)], OFF, RULE, HealContext(1, decay_entry=None, restored=100)
+    )
+    assert again is not None and again.rollback_to == 99
+    earlier = decide_levers(
+        "heal", [("collapse", 130)], OFF, RULE, HealContext(1, decay_entry=96, restored=60)
+    )
+    assert earlier is not None and earlier.rollback_to == 59
+    kept = decide_levers("heal", [("collapse", 130)], OFF, RULE, HealContext(1, decay_entry=96, restored=120))
+    assert kept is not None and kept.rollback_to == 96  # the decay entry is before it already
+    none_left = decide_levers("heal", [("collapse", 5)], OFF, RULE, HealContext(1, restored=0))
+    assert none_left is not None and none_left.stop and none_left.heal_exhausted
+    assert "no step before the collapse to roll back to" in none_left.reason
+
+
 def test_after_the_last_rollback_heal_stops_the_run_and_says_why() -> None:
     change = decide_levers("heal", [("collapse", 180)], OFF, RULE, HealContext(2, decay_entry=96))
     assert change is not None and change.stop and change.heal_exhausted and change.rollback_to is None

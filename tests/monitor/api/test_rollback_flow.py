@@ -115,6 +115,16 @@ def test_heal_rolls_a_collapse_back_to_its_decay_checkpoint(settings: Any) -> No
         series = get(client, f"/runs/{run_id}/metrics?names=reward/mean")["series"]["reward/mean"]
         assert max(series["steps"]) == decay + 3  # the undone steps' metrics are gone
 
+        # the same collapse again: the next rollback goes before the checkpoint this one restored
+        # (restoring it again would replay the same collapse)
+        for i in range(at + 3, len(scenario.steps)):
+            again = post(client, run_id, batch(scenario, i, i + 1))["directive"]
+            if again["rollback"] > directive["rollback"]:
+                break
+        else:
+            raise AssertionError("no second rollback")
+        assert again["rollback_to"] == decay - 1 and again["lr_scale"] == 0.25
+
 
 def test_heal_after_its_last_rollback_requests_a_stop_and_says_why(settings: Any) -> None:
     with heal_client(settings, heal_max_rollbacks=0) as client:
