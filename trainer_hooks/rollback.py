@@ -1,13 +1,13 @@
 """The trainer's side of a rollback, shared by the framework hooks and `trainer_hooks.supervise`
-(standard library only).
+(standard library and `contracts` only).
 
 A rollback restarts the training job: restoring weights, optimizer, scheduler and RNG state inside a
 running Trainer loop would rewind the loop's own counters, which no framework exposes, while every
 framework resumes from a checkpoint at start-up (TRL/transformers `resume_from_checkpoint`, verl's
 resume mode). So:
 
-1. the hook that sees a rollback request finds the newest checkpoint saved at or before the requested
-   step (`find_checkpoint`; transformers' `checkpoint-<step>` folders by default, verl's
+1. the hook that sees a rollback request (`hand_over`, for every framework) finds the newest checkpoint
+   saved at or before the requested step (`find_checkpoint`; transformers' `checkpoint-<step>` folders by default, verl's
    `global_step_<step>` through `trainer_hooks.verl.rollback`), writes a `RollbackRequest` to the file
    the supervisor named in `ENV_REQUEST` (`write_request`) and ends training without saving;
 2. `lldmon supervise` (`trainer_hooks.supervise`) sees the request when the job exits and starts the
@@ -27,12 +27,15 @@ roll back and stops the run instead (saving first), saying why: a collapsed run 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
+
+from contracts.directive import Levers
 
 __all__ = [
     "ENV_LR_SCALE",
@@ -45,6 +48,8 @@ __all__ = [
     "Resumed",
     "RollbackRequest",
     "find_checkpoint",
+    "hand_over",
+    "pending",
     "read_request",
     "requested",
     "restarted_for",
@@ -53,6 +58,8 @@ __all__ = [
     "scale_learning_rate",
     "write_request",
 ]
+
+_logger = logging.getLogger("lldmon")
 
 ENV_REQUEST: Final = "LLDMON_SUPERVISOR_REQUEST"
 """Set by the supervisor: the file a job writes its rollback request to before it exits."""
@@ -173,6 +180,62 @@ def restarted_for(rollback_id: int, environ: os._Environ[str] | dict[str, str] |
     except ValueError:  # a hand-made environment: not a restart this module can vouch for
         return False
     return found is not None and 0 < rollback_id <= found.version
+
+
+def pending(
+    levers: Levers, rollback_id: int, environ: os._Environ[str] | dict[str, str] | None = None
+) -> Levers:
+    """`levers` without their rollback request when it is not to be acted on: a stop request wins, and
+    the request this job was restarted for (`restarted_for`) is done."""
+    if levers.rollback and (levers.stop or restarted_for(rollback_id, environ)):
+        return Levers(levers.checkpoint, levers.stop, levers.stop_reason, levers.acknowledge)
+    return levers
+
+
+def hand_over(
+    levers: Levers,
+    *,
+    step: int,
+    checkpoint_dir: str | os.PathLike[str] | None,
+    rollback_id: int,
+    layout: CheckpointLayout = TRANSFORMERS_CHECKPOINT,
+    environ: os._Environ[str] | dict[str, str] | None = None,
+    logger: logging.Logger | None = None,
+) -> Levers:
+    """Carry out a rollback request (of directive version `rollback_id`) at step `step`, for any
+    framework: write the supervisor's request for the newest complete checkpoint (`layout`) at or before
+    the requested step in `checkpoint_dir`, and return levers with `rollback` (end the run now, without
+    saving; `rollback_to` the checkpoint's step); when that cannot be done, levers with `stop` (save,
+    then end) and the reason, logged to `logger`. Levers without a rollback to act on (`pending`) pass
+    unchanged."""
+    log = logger or _logger
+    levers = pending(levers, rollback_id, environ)
+    if not levers.rollback:
+        return levers
+    env = os.environ if environ is None else environ
+    to_step = levers.rollback_to if levers.rollback_to is not None else step
+    request_file = env.get(ENV_REQUEST)
+    found = find_checkpoint(checkpoint_dir, to_step, layout) if checkpoint_dir is not None else None
+    if request_file and found is not None:
+        path, saved_at = found
+        write_request(request_file, RollbackRequest(str(path), saved_at, levers.lr_scale, step, rollback_id))
+        log.warning(
+            "lldmon: rollback requested at step %d: ending the run; the supervisor restarts it from %s",
+            step,
+            path,
+        )
+        return Levers(
+            acknowledge=levers.acknowledge, rollback=True, rollback_to=saved_at, lr_scale=levers.lr_scale
+        )
+    if not request_file:
+        why = "the job does not run under `lldmon supervise`"
+    elif checkpoint_dir is None:
+        why = "no checkpoint folder was given"
+    else:
+        why = f"no complete checkpoint at or before step {to_step} in {checkpoint_dir}"
+    reason = f"a rollback to step {to_step} was requested but {why}"
+    log.warning("lldmon: %s: saving and stopping instead", reason)
+    return Levers(checkpoint=levers.checkpoint, stop=True, stop_reason=reason, acknowledge=levers.acknowledge)
 
 
 def scale_learning_rate(optimizer: Any, lr_scheduler: Any, lr: float) -> None:

@@ -5,13 +5,12 @@ directive's checkpoint/rollback/stop requests to the Trainer's `control`; and th
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from contracts.directive import ROLLBACK_METRIC, Levers, LeverTracker, parse_directive
+from contracts.directive import ROLLBACK_METRIC, LeverTracker, parse_directive
 from trainer_hooks import rollback
 from trainer_hooks._guard import Guard
 from trainer_hooks._sink import MetricSink
@@ -83,12 +82,17 @@ class LLDMonitorCallback(TrainerCallback):
             if directive is None:
                 return
             levers = self._levers.take(directive)
-            parsed = parse_directive(directive)
-            version = parsed.rollback if parsed is not None else 0
-            if levers.rollback and rollback.restarted_for(version):
-                levers = Levers(levers.checkpoint, levers.stop, levers.stop_reason, levers.acknowledge)
-            if levers.rollback and not levers.stop:
-                levers = self._roll_back(step, levers, control, output_dir, version)
+            if levers.rollback:
+                parsed = parse_directive(directive)
+                levers = rollback.hand_over(
+                    levers,
+                    step=step,
+                    checkpoint_dir=output_dir or None,
+                    rollback_id=parsed.rollback if parsed is not None else 0,
+                    logger=logger,
+                )
+            if levers.rollback:  # handed to the supervisor: end now, without saving
+                control.should_training_stop = True
             if levers.checkpoint or levers.stop:
                 control.should_save = True
             if levers.stop:
@@ -100,38 +104,6 @@ class LLDMonitorCallback(TrainerCallback):
                 logger.info("lldmon: saving a checkpoint at step %d as requested", step)
             if levers.acknowledge is not None:
                 self.sink.log(step, levers.metrics())
-
-    def _roll_back(
-        self, step: int, levers: Levers, control: TrainerControl, output_dir: str | None, version: int
-    ) -> Levers:
-        """Hand the rollback to the supervisor and end training without saving; the levers left to
-        apply (a stop, saying why, when no rollback is possible)."""
-        to_step = levers.rollback_to if levers.rollback_to is not None else step
-        request_file = os.environ.get(rollback.ENV_REQUEST)
-        found = rollback.find_checkpoint(output_dir, to_step) if output_dir else None
-        if request_file and found is not None:
-            path, saved_at = found
-            rollback.write_request(
-                request_file, rollback.RollbackRequest(str(path), saved_at, levers.lr_scale, step, version)
-            )
-            control.should_training_stop = True
-            logger.warning(
-                "lldmon: rollback requested at step %d: ending training; the supervisor restarts it from %s",
-                step,
-                path,
-            )
-            return Levers(checkpoint=False, acknowledge=levers.acknowledge)
-        why = (
-            "the job does not run under `lldmon supervise`"
-            if not request_file
-            else f"no checkpoint at or before step {to_step} in {output_dir}"
-        )
-        return Levers(
-            checkpoint=levers.checkpoint,
-            stop=True,
-            stop_reason=f"a rollback to step {to_step} was requested but {why}",
-            acknowledge=levers.acknowledge,
-        )
 
     def resume_rollback(self, state: TrainerState, optimizer: Any, lr_scheduler: Any, base_lr: float) -> None:
         """In a job restarted for a rollback: the learning rate becomes `base_lr` (the job's configured

@@ -180,12 +180,8 @@ class DirectiveLevers:
         over a rollback. Without `step` the rollback request is returned as it is, for a caller that
         handles it itself. The rollback this job was restarted for is never returned again.
         """
-        levers = self._read()
-        if not levers.rollback:
-            return levers
-        if levers.stop or rollback.restarted_for(self._rollback_id):
-            return Levers(levers.checkpoint, levers.stop, levers.stop_reason, levers.acknowledge)
-        if step is None:
+        levers = rollback.pending(self._read(), self._rollback_id)
+        if step is None or not levers.rollback:
             return levers
         return hand_over(levers, step=step, checkpoint_dir=checkpoint_dir, version=self._rollback_id)
 

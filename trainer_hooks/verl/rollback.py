@@ -66,37 +66,19 @@ def hand_over(
     version: int = 0,
     environ: os._Environ[str] | dict[str, str] | None = None,
 ) -> Levers:
-    """Carry out `levers.rollback` (a request of directive `version`) at verl step `step`: write the
-    supervisor's request and return levers with `rollback` (end the run now, without saving), or, when
-    that cannot be done, with `stop` (save, then end) and the reason. Other levers pass unchanged."""
-    if not levers.rollback:
-        return levers
-    env = os.environ if environ is None else environ
-    to_step = levers.rollback_to if levers.rollback_to is not None else step
-    request_file = env.get(rollback.ENV_REQUEST)
-    found = find_checkpoint(checkpoint_dir, to_step) if checkpoint_dir is not None else None
-    if request_file and found is not None:
-        path, saved_at = found
-        rollback.write_request(
-            request_file, rollback.RollbackRequest(path, saved_at, levers.lr_scale, step, version)
-        )
-        logger.warning(
-            "lldmon: rollback requested at step %d: ending the run; the supervisor restarts it from %s",
-            step,
-            path,
-        )
-        return Levers(
-            acknowledge=levers.acknowledge, rollback=True, rollback_to=saved_at, lr_scale=levers.lr_scale
-        )
-    if not request_file:
-        why = "the job does not run under `lldmon supervise`"
-    elif checkpoint_dir is None:
-        why = "the driver loop did not name verl's checkpoint folder (checkpoint_dir)"
-    else:
-        why = f"no complete global_step_<N> checkpoint with N <= {to_step} in {checkpoint_dir}"
-    reason = f"a rollback to step {to_step} was requested but {why}"
-    logger.warning("lldmon: %s: saving and stopping instead", reason)
-    return Levers(checkpoint=levers.checkpoint, stop=True, stop_reason=reason, acknowledge=levers.acknowledge)
+    """`trainer_hooks.rollback.hand_over` for verl's checkpoints (`VERL_CHECKPOINT`; a relative folder
+    is taken from the working directory, as verl does): `rollback` set means end the run without
+    saving, `stop` that no rollback was possible (the reason says why)."""
+    folder = None if checkpoint_dir is None else os.path.abspath(checkpoint_dir)
+    return rollback.hand_over(
+        levers,
+        step=step,
+        checkpoint_dir=folder,
+        rollback_id=version,
+        layout=VERL_CHECKPOINT,
+        environ=environ,
+        logger=logger,
+    )
 
 
 def resume_overrides(environ: os._Environ[str] | dict[str, str] | None = None) -> list[str]:
