@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import statistics
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -348,6 +349,9 @@ class SourceSummary:
     """Runs labelled damaged (neither collapsing nor controls)."""
     damaged_with_critical: int = 0
     """Of those, the ones with a critical finding (neither owed nor a false alarm)."""
+    warnings_on_controls: tuple[tuple[str, int], ...] = ()
+    """(kind, controls that got it at some point) per warning kind, most frequent first: a warning
+    most healthy runs get is noise."""
 
 
 @dataclass(frozen=True)
@@ -472,6 +476,12 @@ def summarise_source(source: str, reports: Sequence[RunReport]) -> SourceSummary
         warned_early=sum(r.warned_early for r in collapsing),
         damaged=sum(r.damaged for r in reports),
         damaged_with_critical=sum(r.damaged and bool(r.critical_kinds) for r in reports),
+        warnings_on_controls=tuple(
+            sorted(
+                Counter(k for r in controls for k in set(r.warning_kinds)).items(),
+                key=lambda kv: (-kv[1], kv[0]),
+            )
+        ),
     )
 
 
@@ -753,6 +763,10 @@ def render(report: EvaluationReport, per_run: bool = True) -> str:
         if t.offending:
             lines.append(f"[{t.source}] {t.name}: missed by")
             lines += [f"  {run}" for run in t.offending]
+    lines.append("warnings on controls (controls that got each warning kind at some point):")
+    for src in report.sources:
+        kinds = ", ".join(f"{k} {n}" for k, n in src.warnings_on_controls) or "none"
+        lines.append(f"  {src.source} ({src.controls} controls): {kinds}")
     damaged = [r for r in report.runs if r.damaged]
     if damaged:
         lines.append(f"{DAMAGE_RULE_TEXT}; these runs are not scored:")

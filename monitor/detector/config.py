@@ -203,6 +203,21 @@ class DetectorConfig:
     also thinned to every 10 steps): never. Holding 4 steps is what the sparse lab logging allows (two
     points 4 steps apart); with every-step logging that is 5 points. Project choice, measured with
     `benchmarks/detection.py`."""
+    reward_decline_level: float = 0.5
+    """Reward decline (a warning): the trailing mean held below this share of the way from its lowest to
+    its best (same hold as "reward to 0"): half of what the run had is gone. The fraction of the
+    damaged-run label (`lldmon_lab.labels`: below 50 % of its running peak) and of the crash rule
+    (`reward_crash_frac`). Lab early regime, shaped designs: 4 collapses whose task success fell from
+    0.17-0.33 to 0.03-0.09 within 4-12 steps and reached the floor level 20-30 steps later were first
+    flagged 16 steps before their labels; this warns at step 17-21, 24-32 steps before them."""
+    reward_decline_hold_steps: int = 8
+    """Steps the trailing mean must stay below `reward_decline_level`..."""
+    reward_decline_hold_points: int = 3
+    """...over at least this many logged rewards. Twice the floor rule's hold: a warning may come later
+    than a page but should not come for a dip. Controls with the warning at some point (`benchmarks/
+    detection.py` runs, one point per step; spans of 2-16 steps): 14 of 79 with 4 steps / 2 points, 9 with
+    8 / 3, 5 with 12 / 3, which warns one lab collapse too late (label 41: first warning at step 25).
+    Project choice."""
     length_collapse_ratio: float = 0.25
     """Response-length collapse: recent median < this share of the baseline median."""
     clip_ratio_saturated: float = 0.9
@@ -319,6 +334,7 @@ class DetectorConfig:
             "recovery_frac",
             "reward_zero_share",
             "reward_zero_level",
+            "reward_decline_level",
             "clip_ratio_saturated",
             "entropy_collapse_ratio",
             "adv_zero_std_enter",
@@ -371,6 +387,7 @@ class DetectorConfig:
             self.adv_zero_std_window,
             self.reward_zero_window,
             self.reward_zero_mean_window + self.reward_zero_hold_steps,
+            self.reward_zero_mean_window + self.reward_decline_hold_steps,
             self.entropy_collapse_window,
             self.baseline_window + self.entropy_rise_window,
         )

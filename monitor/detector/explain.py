@@ -43,6 +43,7 @@ SIGNAL_NAMES: Final[dict[str, str]] = {
     "reward_crash": "reward crash",
     "reward_slide": "reward slid below half its range with a pathology active",
     "reward_zero": "reward dropped to about zero",
+    "reward_decline": "reward lost half of its gains",
     # phase III surges and terminal signatures
     "grad_surge": "gradient-norm surge",
     "entropy_surge": "entropy surge",
@@ -92,6 +93,7 @@ _BASELINE_KEYS: Final = ("baseline", "baseline_median", "reference_level")
 _DETAIL_LABELS: Final = (
     ("running_peak", "peak"),
     ("zero_level", "zero level"),
+    ("decline_level", "half-way level"),
     ("clear_below", "clears below"),
 )
 _STAT_FALLBACK: Final = (

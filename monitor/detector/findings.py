@@ -35,6 +35,7 @@ from monitor.detector.signals import (
     num,
     off,
     recent_and_baseline,
+    reward_decline,
     reward_rising,
     reward_zero,
     trend,
@@ -66,6 +67,8 @@ ENTROPY_EXPLOSION: Final = "entropy_explosion"
 LLD_CRASH: Final = "lld_crash"
 """A sharp crash of `lld/logp_pos` with an entropy or length surge: a warning from the signals every hook
 version and imported hook log carries (no anchor set needed), with its caveat."""
+REWARD_DECLINE: Final = "reward_decline"
+"""The reward lost half of what the run had and stayed there: outcome damage short of the floor."""
 ENTROPY_RISE: Final = "entropy_rise"
 """A sustained entropy rise (a slow doubling) while valid actions or clipping degrade."""
 NOT_LEARNING: Final = types.NOT_LEARNING
@@ -106,11 +109,12 @@ SEVERITY: Final[dict[str, Severity]] = {
     **dict.fromkeys(PATHOLOGY_KINDS, "warning"),
     ENTROPY_COLLAPSE: "warning",
     ADVANTAGE_COLLAPSE: "warning",
+    REWARD_DECLINE: "warning",
     NOT_LEARNING: "warning",
 }
 ALL_KINDS: Final = tuple(SEVERITY)
 
-COLLAPSE_WARNINGS: Final = (LLD_DECAY, *PATHOLOGY_KINDS)
+COLLAPSE_WARNINGS: Final = (LLD_DECAY, *PATHOLOGY_KINDS, REWARD_DECLINE)
 """Warnings that announce a collapse (with every critical kind: what an early warning may be). Entropy
 and advantage collapse are diagnoses of stagnation, and `not_learning` of a run that never started."""
 
@@ -479,9 +483,12 @@ def entropy_rise(h: History, cfg: DetectorConfig) -> Indicator:
 def terminal_indicators(
     h: History, cfg: DetectorConfig, state: DetectorState, rng: RewardRange
 ) -> dict[str, Indicator]:
-    """Sustained outcome damage and terminal signatures (critical) and the pathologies of the training
-    (warnings) at the current point (non-finite values are handled by latches)."""
-    out: dict[str, Indicator] = {REWARD_ZERO: reward_zero(h, cfg, rng)}
+    """Sustained outcome damage and terminal signatures (critical), a reward decline and the pathologies
+    of the training (warnings) at the current point (non-finite values are handled by latches)."""
+    out: dict[str, Indicator] = {
+        REWARD_ZERO: reward_zero(h, cfg, rng),
+        REWARD_DECLINE: reward_decline(h, cfg, rng, REWARD_DECLINE in state.active),
+    }
     base_len = _held_baseline(h, LENGTH_COLLAPSE, M.RESPONSE_LENGTH_MEAN, cfg, state)
     if math.isfinite(base_len) and base_len > 0:
         out[LENGTH_COLLAPSE] = _median_rule(
@@ -535,6 +542,9 @@ MESSAGES: Final = {
     LLD_CRASH: "The log-likelihood of A > 0 responses (lld/logp_pos) crashed together with an entropy or "
     "length surge: the signature of an LLD collapse. Caveat: lld/logp_pos's population changes every batch, "
     "so this is not proof of phase II; the anchor set (lld/anchor/logp) would tell.",
+    REWARD_DECLINE: "The reward lost more than half of what the run had gained (its trailing mean below half "
+    "of the way from its lowest to its best level, far below its best in units of its own noise) and stayed "
+    "there. The outcome is damaged; if the reward keeps falling this becomes a collapse.",
     ENTROPY_RISE: "Entropy rising steadily (a sustained climb, not a spike) while valid actions fall or "
     "clipping rises.",
     NOT_LEARNING: "Not learning: the reward never rose above where it started and the outputs have been "

@@ -507,7 +507,18 @@ def reward_zero(h: History, cfg: DetectorConfig, rng: RewardRange) -> Indicator:
             cfg.reward_zero_mean_window,
             {"drop_in_noise_sd": num(drop), "drop_threshold": rng.drop_threshold(cfg)},
         )
-    held = _trailing_mean_held(h, cfg, rng, steps, means, drop)
+    held = _trailing_mean_held(
+        h,
+        cfg,
+        rng,
+        steps,
+        means,
+        drop,
+        name,
+        cfg.reward_zero_level,
+        "zero_level",
+        (cfg.reward_zero_hold_steps, cfg.reward_zero_hold_points),
+    )
     if held is not None:
         return held
     recent = h.recent(h.reward, cfg.reward_zero_window, cfg.reward_zero_points)
@@ -533,41 +544,86 @@ def reward_zero(h: History, cfg: DetectorConfig, rng: RewardRange) -> Indicator:
     )
 
 
+def reward_decline(h: History, cfg: DetectorConfig, rng: RewardRange, active: bool = False) -> Indicator:
+    """The reward's trailing mean held below `reward_decline_level` of the way from its low (or declared
+    floor) to its best trailing mean, after having risen, and as far below that best as "reward to 0"
+    needs (`RewardRange.significant_drop`): half of what the run had is gone. A warning: the outcome is
+    damaged but not lost. It comes before "reward to 0" on a reward that falls in steps (lab early regime,
+    shaped designs: the task success 0.17-0.33 -> 0.03-0.09 within 4-12 steps, at the floor level only
+    20-30 steps later). Once `active`, it holds while the trailing mean stays below the level: the noise
+    estimate grows with the fall it measures, and a drop hovering at its threshold would flap."""
+    name = "reward_decline"
+    if h.get(h.reward) is None or rng.mean_peak is None or rng.mean_low is None or not rng.rose(cfg):
+        return off(name, h.reward)
+    steps, means = reward_trailing_means(h, cfg)
+    if steps.size == 0:
+        return off(name, h.reward)
+    lost = rng.mean_peak - float(means[-1])
+    if not (active or rng.significant_drop(lost, cfg)):
+        return off(name, h.reward)
+    held = _trailing_mean_held(
+        h,
+        cfg,
+        rng,
+        steps,
+        means,
+        _in_noise(lost, rng.noise),
+        name,
+        cfg.reward_decline_level,
+        "decline_level",
+        (cfg.reward_decline_hold_steps, cfg.reward_decline_hold_points),
+        at_reward_points=False,
+    )
+    return off(name, h.reward) if held is None else held
+
+
 def _trailing_mean_held(
-    h: History, cfg: DetectorConfig, rng: RewardRange, steps: FloatArray, means: FloatArray, drop: float
+    h: History,
+    cfg: DetectorConfig,
+    rng: RewardRange,
+    steps: FloatArray,
+    means: FloatArray,
+    drop: float,
+    name: str,
+    fraction: float,
+    level_key: str,
+    hold: tuple[int, int],
+    at_reward_points: bool = True,
 ) -> Indicator | None:
-    """The fired `reward_zero` indicator when the reward's trailing mean has stayed below the floor level
-    of its range over the last `reward_zero_hold_steps` steps (>= `reward_zero_hold_points` points), else
-    None. Once below, the peak cannot move, so the run of points below it is exact."""
+    """The fired indicator `name` when the reward's trailing mean has stayed below `fraction` of the way
+    from its lowest to its best trailing mean over the last `hold` = (steps, points) (at least that many
+    steps and logged points), else None. Once below, the peak cannot move, so the run of points
+    below it is exact. `at_reward_points`: judged only where a reward is logged (else held between them,
+    on the last logged reward's trailing mean)."""
     assert rng.mean_low is not None and rng.mean_peak is not None
-    if steps[-1] != h.steps[-1]:
-        return None  # judged where a reward is logged
-    level = rng.mean_low + cfg.reward_zero_level * (rng.mean_peak - rng.mean_low)
+    if at_reward_points and steps[-1] != h.steps[-1]:
+        return None
+    level = rng.mean_low + fraction * (rng.mean_peak - rng.mean_low)
     above = np.flatnonzero(~(means < level))
     start = int(above[-1]) + 1 if above.size else 0
     points = steps.size - start
-    if points < max(1, cfg.reward_zero_hold_points):
+    hold_steps, hold_points = hold
+    if points < max(1, hold_points):
         return None
     held = float(steps[-1] - steps[start])
-    if held < cfg.reward_zero_hold_steps:
+    if held < hold_steps:
         return None
     return Indicator(
-        "reward_zero",
+        name,
         True,
         h.reward,
         num(float(means[-1])),
         num(level),
         cfg.reward_zero_mean_window,
         {
-            "zero_level": num(level),
+            level_key: num(level),
             "running_peak": num(rng.mean_peak),
             "running_low": num(rng.mean_low),
             "recent": num(float(means[-1])),
             "held_steps": int(held),
             "drop_in_noise_sd": num(drop),
-            "statistic_is": f"the reward's {cfg.reward_zero_mean_window}-step trailing mean, held at the floor "
-            f"of its range ({cfg.reward_zero_level:.0%} of the way from its lowest to its best) for {int(held)} "
-            "steps (the collapse label's criterion)",
+            "statistic_is": f"the reward's {cfg.reward_zero_mean_window}-step trailing mean, held below "
+            f"{fraction:.0%} of the way from its lowest to its best for {int(held)} steps",
         },
     )
 

@@ -22,6 +22,7 @@ from monitor.detector import (
     LLD_COLLAPSE,
     LLD_CRASH,
     NOT_LEARNING,
+    REWARD_DECLINE,
     TRAINING_COLLAPSE,
     DetectorConfig,
     OfflineResult,
@@ -98,6 +99,59 @@ def test_a_signed_centred_noisy_reward_is_not_a_collapse() -> None:
     result = detect_offline(np.arange(n), values, CFG)
     assert [f.kind for f in result.findings if f.severity == "critical"] == []
     assert COLLAPSE not in result.phases
+
+
+def half_lost(n: int = 160, to: float = 0.15, back: int | None = None) -> Series:
+    """A success rate that rose to 0.4, slid to `to` over steps 80-110 (back to 0.4 from `back`), in
+    small-batch noise."""
+    rng = np.random.default_rng(3)
+    t = np.arange(n, dtype=np.float64)
+    level = np.where(t < 40, 0.05 + 0.35 * t / 40, 0.4 - (0.4 - to) * np.clip((t - 80) / 30, 0, 1))
+    if back is not None:
+        level = np.where(t >= back, 0.4, level)
+    return {
+        M.REWARD_MEAN: np.clip(level + rng.normal(0, 0.02, n), 0, 1),
+        M.GRAD_NORM: np.exp(rng.normal(0, 0.1, n)),
+        M.ENTROPY_MEAN: 0.8 * (1 + rng.normal(0, 0.03, n)),
+        M.RESPONSE_LENGTH_MEAN: 200 * (1 + rng.normal(0, 0.03, n)),
+    }
+
+
+def test_a_reward_that_lost_half_of_its_gains_warns_without_a_page() -> None:
+    """0.4 -> 0.15 (below half of its range, above the floor level): a warning once the trailing mean has
+    held there for `reward_decline_hold_steps`, one episode while it stays, no critical and no phase
+    change; the same fall lasting less than the hold warns of nothing, and a fall to the floor is paged as
+    before, with the warning open beside it."""
+    cfg = replace(CFG, reward_floor=0.0)
+    result = detect_offline(np.arange(160), half_lost(), cfg)
+    decline = [f for f in result.findings if f.kind == REWARD_DECLINE]
+    assert len(decline) == 1 and decline[0].severity == "warning"
+    # below half of 0..0.41 from ~step 109; 4 noise SDs (0.063: the rise and the slide count in it) below
+    # the best from ~117
+    assert 112 <= decline[0].first_step <= 125 and decline[0].last_step == 159
+    assert not [f for f in result.findings if f.severity == "critical"] and COLLAPSE not in result.phases
+    assert "lost more than half" in decline[0].message
+    assert decline[0].evidence["held_steps"] >= cfg.reward_decline_hold_steps
+    dip = detect_offline(np.arange(160), half_lost(back=decline[0].first_step - 4), cfg)
+    assert REWARD_DECLINE not in dip.kinds()
+    floor = detect_offline(np.arange(160), half_lost(to=0.0), cfg)
+    zero = floor.first("reward_zero")
+    assert zero is not None and floor.first(REWARD_DECLINE) is not None
+    assert floor.first(REWARD_DECLINE) <= zero and COLLAPSE in floor.phases
+
+
+def test_a_collapse_that_falls_in_steps_is_warned_twenty_steps_before_its_label() -> None:
+    """Lab early regime, penalty design (task success declared, floor 0, a reward every 4 steps): 0.33 at
+    step 1, 0.09 at step 5, at the floor level only from step 25 and labelled at 41. The decline warning
+    comes by step 21 and stays open, one episode, not one per logged reward."""
+    run = read_fixture(
+        LAB / "tiny_lr0.001_spg4_g4_len96_rw-penalty_llds-off_n80_s4.jsonl.gz"
+    ).to_labelled_run()
+    result = detect_offline(run.steps, run.values, run_config(run, CFG), run.present)
+    decline = [f for f in result.findings if f.kind == REWARD_DECLINE]
+    assert run.collapse_step == 41 and len(decline) == 1
+    assert decline[0].first_step <= run.collapse_step - 20
+    assert result.phases[list(run.steps).index(decline[0].first_step)] != COLLAPSE
 
 
 def old_hook_crash(n: int = 110, crash: int = 70) -> Series:
