@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from lldmon_lab.evaluation import (
     real_runs,
     render,
 )
-from lldmon_lab.scenarios import collapse_scenario, healthy_scenario, scenario_suite
+from lldmon_lab.scenarios import collapse_scenario, healthy_scenario, noisy_stagnant_scenario, scenario_suite
 from monitor.detector import ADVANTAGE_COLLAPSE, TRAINING_COLLAPSE, DetectorConfig
 
 REAL = Path(__file__).resolve().parents[3].parent / "shared/datasets/real_runs"
@@ -56,6 +57,23 @@ def test_scores_a_collapse_and_a_false_alarm() -> None:
     text = render(report)
     assert "control-that-crashes" in text and TARGET_CONTROLS in text and "NO" in text
     assert not report.all_met
+
+
+def test_warnings_on_controls_are_counted_per_kind() -> None:
+    """A warning most healthy runs get is noise: the report counts, per source and kind, the controls that
+    got each warning (once per run however often it came back)."""
+    s = collapse_scenario(11)
+    flagged = [replace(LabelledRun.from_scenario(noisy_stagnant_scenario(i)), name=f"c{i}") for i in range(3)]
+    report = evaluate([LabelledRun.from_scenario(s), *flagged])
+    (gen,) = report.sources
+    expected = Counter(k for r in report.runs if not r.collapses for k in set(r.warning_kinds))
+    assert expected and dict(gen.warnings_on_controls) == dict(expected)
+    counts = [n for _, n in gen.warnings_on_controls]
+    assert counts == sorted(counts, reverse=True) and all(n <= 3 for n in counts)
+    line = next(
+        x for x in render(report, per_run=False).splitlines() if x.startswith("  generated (3 controls)")
+    )
+    assert all(f"{k} {n}" in line for k, n in gen.warnings_on_controls)
 
 
 def test_label_is_computed_when_missing() -> None:
@@ -107,6 +125,7 @@ def test_scores_and_targets_per_source() -> None:
     assert report.missed([SOURCE_THIRD_PARTY]) == []
     text = render(report, per_run=False)
     assert "score per source" in text
+    assert "warnings on controls" in text and "  lab (0 controls): none" in text
     assert [line.split()[0] for line in text.splitlines() if line.split()[:1] in (["lab"], ["third-party"])]
 
 
