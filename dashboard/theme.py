@@ -20,7 +20,7 @@ BANDED_PHASES: Final = (STAGNATION, DECAY, COLLAPSE, NOT_LEARNING)
 """Phases shaded behind the time series (I, II, III, and a run that never learned, in amber)."""
 
 BAND_OPACITY: Final = 0.16
-SEVERITY_COLORS: Final[dict[str, str]] = {"warning": "#ef6c00", "critical": "#c62828"}
+SEVERITY_COLORS: Final[dict[str, str]] = {"info": "#607d8b", "warning": "#ef6c00", "critical": "#c62828"}
 DIRECTIVE_COLORS: Final[dict[bool, str]] = {True: "#1565c0", False: "#616161"}
 PHASE_MARKER_COLOR: Final = "#6a1b9a"
 """Colour of a phase-change marker whose phase has no colour of its own."""

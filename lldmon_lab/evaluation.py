@@ -230,12 +230,14 @@ class RunReport:
     first_critical_kind: str | None = None
     first_warning: int | None = None
     """First step with a warning that announces a collapse (`COLLAPSE_WARNINGS`) or a critical finding:
-    what target 2 counts (an advantage-collapse warning, a stagnation diagnosis, does not)."""
+    what target 2 counts (an advantage-collapse diagnosis does not)."""
     first_warning_kind: str | None = None
     has_hooks: bool = False
     """The run has hook likelihood metrics (`lld/*` columns)."""
     damaged: bool = False
     """Labelled damaged (`LabelledRun.damaged`): neither a collapse nor a control."""
+    info_kinds: tuple[str, ...] = ()
+    """Kinds of the `info` diagnoses the run got."""
 
     @property
     def control(self) -> bool:
@@ -352,6 +354,8 @@ class SourceSummary:
     warnings_on_controls: tuple[tuple[str, int], ...] = ()
     """(kind, controls that got it at some point) per warning kind, most frequent first: a warning
     most healthy runs get is noise."""
+    info_on_controls: tuple[tuple[str, int], ...] = ()
+    """The same for the `info` diagnoses (shown with the run, sent to no sink by default)."""
 
 
 @dataclass(frozen=True)
@@ -402,6 +406,7 @@ def score_run(run: LabelledRun, result: OfflineResult) -> RunReport:
     delay = None if label is None or first_collapse is None else first_collapse - label
     critical = sorted({kind for kind, sev in severity.items() if sev == "critical"})
     warnings = sorted({kind for kind, sev in severity.items() if sev == "warning"})
+    infos = sorted({kind for kind, sev in severity.items() if sev == "info"})
     path = tuple(c.phase for c in result.phase_changes)
     return RunReport(
         name=run.name,
@@ -416,6 +421,7 @@ def score_run(run: LabelledRun, result: OfflineResult) -> RunReport:
         detection_delay=delay,
         critical_kinds=tuple(critical),
         warning_kinds=tuple(warnings),
+        info_kinds=tuple(infos),
         phase_path=path,
         source=run.source,
         first_finding=flagged[0][0] if flagged else None,
@@ -476,13 +482,15 @@ def summarise_source(source: str, reports: Sequence[RunReport]) -> SourceSummary
         warned_early=sum(r.warned_early for r in collapsing),
         damaged=sum(r.damaged for r in reports),
         damaged_with_critical=sum(r.damaged and bool(r.critical_kinds) for r in reports),
-        warnings_on_controls=tuple(
-            sorted(
-                Counter(k for r in controls for k in set(r.warning_kinds)).items(),
-                key=lambda kv: (-kv[1], kv[0]),
-            )
-        ),
+        warnings_on_controls=_per_kind(r.warning_kinds for r in controls),
+        info_on_controls=_per_kind(r.info_kinds for r in controls),
     )
+
+
+def _per_kind(kinds_per_run: Iterable[Sequence[str]]) -> tuple[tuple[str, int], ...]:
+    """(kind, runs that had it) per kind, most frequent first."""
+    counts = Counter(k for kinds in kinds_per_run for k in set(kinds))
+    return tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def by_source(reports: Sequence[RunReport]) -> dict[str, list[RunReport]]:
@@ -763,10 +771,11 @@ def render(report: EvaluationReport, per_run: bool = True) -> str:
         if t.offending:
             lines.append(f"[{t.source}] {t.name}: missed by")
             lines += [f"  {run}" for run in t.offending]
-    lines.append("warnings on controls (controls that got each warning kind at some point):")
+    lines.append("warnings on controls (controls that got each warning kind at some point; info: diagnoses):")
     for src in report.sources:
         kinds = ", ".join(f"{k} {n}" for k, n in src.warnings_on_controls) or "none"
-        lines.append(f"  {src.source} ({src.controls} controls): {kinds}")
+        infos = ", ".join(f"{k} {n}" for k, n in src.info_on_controls) or "none"
+        lines.append(f"  {src.source} ({src.controls} controls): {kinds}; info: {infos}")
     damaged = [r for r in report.runs if r.damaged]
     if damaged:
         lines.append(f"{DAMAGE_RULE_TEXT}; these runs are not scored:")

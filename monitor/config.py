@@ -79,8 +79,12 @@ class Settings(BaseSettings):
         "returns and within 20 in 3 more. 0 turns this off.",
     )
     # Delivery: one worker per sink, so a dead sink only delays itself.
-    webhook_min_severity: Severity = Field(default="info", description="Least severe alert a webhook gets.")
-    slack_min_severity: Severity = Field(default="info", description="Least severe alert Slack gets.")
+    webhook_min_severity: Severity = Field(
+        default="warning", description="Least severe alert a webhook gets (`info`: the diagnoses too)."
+    )
+    slack_min_severity: Severity = Field(
+        default="warning", description="Least severe alert Slack gets (`info`: the diagnoses too)."
+    )
     webhook_secret: SecretStr | None = Field(
         default=None,
         description="Signs webhook bodies: X-LLDMon-Signature: sha256=<hex HMAC-SHA256 of the raw body>.",

@@ -24,6 +24,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from contracts.alerts import SEVERITIES
 from monitor.detector.types import PHASES as DETECTOR_PHASES
 
 PHASES = DETECTOR_PHASES
@@ -133,6 +134,6 @@ class _SnapshotCollector(Collector):
         yield phase
         yield last_step
         open_alerts = GaugeMetricFamily("lldmon_alerts_open", "Open alerts by severity.", labels=["severity"])
-        for severity in ("warning", "critical"):
+        for severity in SEVERITIES:
             open_alerts.add_metric([severity], snap.open_alerts_by_severity.get(severity, 0))
         yield open_alerts

@@ -15,7 +15,9 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
-Severity = Literal["warning", "critical"]
+Severity = Literal["info", "warning", "critical"]
+"""`info`: a diagnosis worth showing next to the run but not worth a notification (sinks send
+`warning` and up by default)."""
 
 # --- phases (docs/science.md section 3) -----------------------------------------------------------------
 WARMUP: Final = "warmup"

@@ -30,7 +30,7 @@ from contracts.metrics import GRAD_NORM
 from contracts.wire import API_PREFIX, encode_float
 from lldmon_lab.scenarios import Scenario, collapse_scenario, healthy_scenario
 from monitor.alerting.rules import ActiveCondition, OpenAlert, plan_alerts
-from monitor.alerting.sinks import Dispatcher, Notification, SlackSink, WebhookSink
+from monitor.alerting.sinks import Dispatcher, Notification, SlackSink, WebhookSink, build_sinks
 from monitor.cli import app as cli
 from monitor.config import Settings
 from monitor.db.engine import make_engine
@@ -198,6 +198,26 @@ def test_minimum_severity_per_sink_and_signed_webhook(receiver: Receiver, teleme
         assert "https://m.io/dashboard/run/3" in slack.bodies[1]["text"]
     finally:
         slack.close()
+
+
+def test_diagnoses_are_recorded_but_sent_nowhere_by_default(
+    receiver: Receiver, telemetry: ServiceMetrics
+) -> None:
+    """`info` alerts (the advantage-collapse diagnosis, which most runs with small groups get) stay with
+    the run: the default sinks send warnings and up; a sink set to `info` gets them too."""
+    assert F.SEVERITY[F.ADVANTAGE_COLLAPSE] == "info"
+    verbose = Receiver()
+    try:
+        default = build_sinks(Settings(webhook_urls=[receiver.url]))
+        chatty = build_sinks(Settings(webhook_urls=[verbose.url], webhook_min_severity="info"))
+        dispatcher = Dispatcher([*default, *chatty[1:]], telemetry)
+        dispatcher.submit([note("info", alert_id=1), note("warning", alert_id=2)])
+        assert dispatcher.join(10)
+        dispatcher.close()
+        assert [b["alert_id"] for b in receiver.bodies] == [2]
+        assert sorted(b["alert_id"] for b in verbose.bodies) == [1, 2]
+    finally:
+        verbose.close()
 
 
 # -- through the service (both databases) -------------------------------------------------------------

@@ -66,14 +66,18 @@ def test_warnings_on_controls_are_counted_per_kind() -> None:
     flagged = [replace(LabelledRun.from_scenario(noisy_stagnant_scenario(i)), name=f"c{i}") for i in range(3)]
     report = evaluate([LabelledRun.from_scenario(s), *flagged])
     (gen,) = report.sources
-    expected = Counter(k for r in report.runs if not r.collapses for k in set(r.warning_kinds))
-    assert expected and dict(gen.warnings_on_controls) == dict(expected)
-    counts = [n for _, n in gen.warnings_on_controls]
-    assert counts == sorted(counts, reverse=True) and all(n <= 3 for n in counts)
-    line = next(
-        x for x in render(report, per_run=False).splitlines() if x.startswith("  generated (3 controls)")
-    )
-    assert all(f"{k} {n}" in line for k, n in gen.warnings_on_controls)
+    controls = [r for r in report.runs if not r.collapses]
+    warned = Counter(k for r in controls for k in set(r.warning_kinds))
+    diagnosed = Counter(k for r in controls for k in set(r.info_kinds))
+    assert diagnosed[ADVANTAGE_COLLAPSE] == 3  # stagnant by construction: the diagnosis, not a warning
+    assert dict(gen.warnings_on_controls) == dict(warned) and dict(gen.info_on_controls) == dict(diagnosed)
+    for per_kind in (gen.warnings_on_controls, gen.info_on_controls):
+        counts = [n for _, n in per_kind]
+        assert counts == sorted(counts, reverse=True) and all(n <= 3 for n in counts)
+    text = render(report, per_run=False).splitlines()
+    line = next(x for x in text if x.startswith("  generated (3 controls)"))
+    assert all(f"{k} {n}" in line for k, n in (*gen.warnings_on_controls, *gen.info_on_controls))
+    assert f"info: {ADVANTAGE_COLLAPSE} 3" in line
 
 
 def test_label_is_computed_when_missing() -> None:
@@ -162,6 +166,6 @@ def test_real_logs_raise_no_collapse() -> None:
         assert r.first_collapse is None and not r.critical_kinds, (r.name, r.critical_kinds)
     by_name = {r.name: r for r in report.runs}
     # 50-70 % zero-std groups for 2400 steps: the advantage-collapse warning is wanted there
-    assert ADVANTAGE_COLLAPSE in by_name["trl-finqa-qwen2.5-7b-grpo"].warning_kinds
+    assert ADVANTAGE_COLLAPSE in by_name["trl-finqa-qwen2.5-7b-grpo"].info_kinds
     gsm8k = next(r for r in runs if r.name == "verl-gsm8k-qwen2.5-0.5b-ppo")
     assert gsm8k.values[M.GRAD_NORM][16] > 60  # the isolated spike that must not count
