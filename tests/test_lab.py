@@ -398,6 +398,22 @@ def test_analyse_a_run() -> None:
     assert d.steps_done == 100
 
 
+def test_a_diagnosis_is_no_warning_of_a_collapse() -> None:
+    """Records of services that sent `advantage_collapse` as a warning (every late-lab run at step 86):
+    it does not count as the first warning, a collapse warning or a critical alert does."""
+    diagnosis = {"kind": "advantage_collapse", "severity": "warning", "first_step": 86}
+    stalled = {"kind": "run_stalled", "severity": "warning", "first_step": 50}
+    decline = {"kind": "reward_decline", "severity": "warning", "first_step": 250}
+    crash = {"kind": "heal_exhausted", "severity": "critical", "first_step": 290}
+    rewards = [0.3] * 280 + [0.01] * 120
+    d = analyse(_record("a", "g", 0, rewards, alerts=[diagnosis, stalled]))
+    assert d.first_alert is None and d.lead_time is None
+    d = analyse(_record("a", "g", 0, rewards, alerts=[diagnosis, stalled, crash, decline]))
+    assert (d.first_alert, d.first_alert_kind) == (250, "reward_decline") and d.collapse_step is not None
+    assert d.lead_time == d.collapse_step - 250
+    assert analyse(_record("a", "g", 0, rewards, alerts=[diagnosis, crash])).first_alert == 290
+
+
 def test_group_stats_and_rendering() -> None:
     collapse = [0.3] * 5 + [0.01] * 95
     healthy = [0.3] * 100

@@ -13,7 +13,9 @@ whose reward design is not `exact`):
   it, e.g. policy `heal` out of rollbacks), where the rule cannot see a collapse in the shortened
   series, the step it entered phase III. A run stopped because it collapsed is a collapse: counting it
   as healthy would credit the policy that stopped it;
-- `first_alert` (and its kind): the smallest `first_step` of any lldmon alert;
+- `first_alert` (and its kind): the smallest `first_step` of an lldmon alert that may announce a
+  collapse (`announces_collapse`: a collapse warning of the detector or any critical alert; a
+  diagnosis such as `advantage_collapse`, which most lab runs get at step 86, is no warning of one);
 - `first_decay`: the first phase event into `decay` or `collapse`; `first_collapse_phase`: into
   `collapse` (phase III);
 - `first_warning`: the earlier of `first_alert` and `first_decay`;
@@ -58,6 +60,7 @@ from contracts import metrics as M
 from lldmon_lab.lab.grid import MODE_POLICY, Setting
 from lldmon_lab.lab.stats import Alternative, fisher_p, mean_interval, rate_interval
 from lldmon_lab.labels import RULE_TEXT, collapse_step, trailing_means
+from monitor.detector import COLLAPSE_WARNINGS, SEVERITY
 
 __all__ = [
     "RULE_TEXT",
@@ -174,6 +177,14 @@ def _labelled_series(record: Mapping[str, Any]) -> tuple[list[int], list[float]]
     return _series(record.get("reward"))
 
 
+def announces_collapse(alert: Mapping[str, Any]) -> bool:
+    """A collapse warning of the detector (`COLLAPSE_WARNINGS`) or a critical alert: what may count as a
+    warning before a collapse. The severity is today's for the detector's kinds (records keep the one
+    their service gave), the recorded one for other alerts (liveness, heal)."""
+    kind = str(alert.get("kind"))
+    return kind in COLLAPSE_WARNINGS or SEVERITY.get(kind, alert.get("severity")) == "critical"
+
+
 def _min(values: Iterable[int | None]) -> int | None:
     present = [v for v in values if v is not None]
     return min(present) if present else None
@@ -183,7 +194,10 @@ def analyse(record: Mapping[str, Any]) -> Derived:
     """The derived fields of a run record (module docstring)."""
     steps, values = _labelled_series(record)
     _, means = trailing_means(steps, values)
-    alerts = sorted(record.get("alerts", []), key=lambda a: (int(a["first_step"]), str(a["kind"])))
+    alerts = sorted(
+        (a for a in record.get("alerts", []) if announces_collapse(a)),
+        key=lambda a: (int(a["first_step"]), str(a["kind"])),
+    )
     phases = sorted(record.get("phases", []), key=lambda e: int(e["step"]))
     first_alert = int(alerts[0]["first_step"]) if alerts else None
     first_decay = _min(int(e["step"]) for e in phases if e["phase"] in ("decay", "collapse"))
