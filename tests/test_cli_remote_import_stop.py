@@ -48,9 +48,13 @@ def remote(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> Callable[...,
 
 
 @pytest.fixture
-def ctrl_c_in_batch(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], None]:
+def ctrl_c_in_batch(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Callable[[int], None]:
     """`arm(n)`: SIGINT to this process while the n-th batch is being sent (signal handlers run in the
-    main thread, where the CLI runs)."""
+    main thread, where the CLI runs). The disposition is set here, as a terminal's Ctrl-C finds it: a
+    test process started in the background (`cmd &`, a CI runner) inherits SIGINT ignored, and the
+    import rightly leaves an ignored SIGINT ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
     send = remote_import._Sender.send
     calls = {"n": 0, "at": 0}
 
