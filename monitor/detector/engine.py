@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -61,15 +62,30 @@ def _first_index(steps: IntArray, i: int, horizon: int) -> int:
     return int(np.searchsorted(steps, steps[i] - horizon + 1, side="left"))
 
 
+REWARD_POINTS: Final = "reward_points"
+"""`DetectorState.counters` key: rewards the run has logged so far."""
+
+
 def _update_peaks(h: History, state: DetectorState, cfg: DetectorConfig) -> None:
-    r = reward_smoothed(h, cfg)
+    logged, _ = h.logged_now(h.reward)
+    if logged:
+        state.counters[REWARD_POINTS] = state.counters.get(REWARD_POINTS, 0) + 1
+    # The range of the smoothed reward starts once it is a median of `reward_smooth_points` rewards: a
+    # run's first reward is one batch. As a level it set the running peak of a lab run (success 0.36 at
+    # step 1 right after its warm-up, then 0.09-0.20 for 80 steps), whose ordinary dip to 0.03 then read
+    # as "every recent value at the floor of its range" (a false `reward_zero` page without a declared
+    # floor, late-lab seed 7).
+    r = (
+        reward_smoothed(h, cfg)
+        if state.counters.get(REWARD_POINTS, 0) >= cfg.reward_smooth_points
+        else math.nan
+    )
     if math.isfinite(r):
         if state.reward_peak is None or r > state.reward_peak:
             state.reward_peak = r
             state.reward_peak_step = h.step
         if state.reward_low is None or r < state.reward_low:
             state.reward_low = r
-    logged, _ = h.logged_now(h.reward)
     if logged:
         _update_reward_means(h, state, cfg)
     e = recent_median(h, M.ENTROPY_MEAN, cfg.entropy_collapse_window, cfg.min_recent_points)

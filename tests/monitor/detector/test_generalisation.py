@@ -154,6 +154,31 @@ def test_a_collapse_that_falls_in_steps_is_warned_twenty_steps_before_its_label(
     assert result.phases[list(run.steps).index(decline[0].first_step)] != COLLAPSE
 
 
+def test_a_first_batch_above_the_rest_is_no_peak_to_fall_from() -> None:
+    """Late-lab seed 7 (never collapsed): the success of its first batch right after the warm-up is 0.36,
+    then 0.09-0.20 for 80 steps with one batch at 0.03 (a reward every 4 steps). Its one-batch first value
+    set the running peak, and the dip read as "every recent value at the floor" (a `reward_zero` page and
+    phase III at step 85 without a declared floor). Measured from the smoothed reward of >= 3 rewards,
+    nothing is critical, with or without the floor; a real rise to 0.36 that falls to 0 is still paged
+    (floor declared)."""
+    steps = np.arange(1, 121)
+    flat = [0.11, 0.09, 0.17, 0.09, 0.11, 0.17, 0.09, 0.11, 0.17, 0.13, 0.11, 0.17, 0.09, 0.13, 0.11, 0.09]
+    rewards = [0.36, *flat, 0.17, 0.20, 0.09, 0.03, 0.14, 0.20, 0.06, 0.14, 0.22, 0.08, 0.13, 0.25, 0.19]
+    reward = np.full(steps.size, np.nan)
+    reward[0 : 4 * len(rewards) : 4] = rewards
+    values: Series = {M.REWARD_MEAN: reward, M.GRAD_NORM: np.full(steps.size, 0.5)}
+    for floor in (None, 0.0):
+        result = detect_offline(steps, values, replace(CFG, reward_floor=floor))
+        assert not [f.kind for f in result.findings if f.severity == "critical"], floor
+        assert COLLAPSE not in result.phases
+    risen = [0.05, 0.2, 0.36, 0.36, 0.35, 0.36, 0.37, 0.36, 0.35, *([0.0] * 20)]
+    dead = np.full(steps.size, np.nan)
+    dead[0 : 4 * len(risen) : 4] = risen
+    floor = replace(CFG, reward_floor=0.0)
+    result = detect_offline(steps, {M.REWARD_MEAN: dead, M.GRAD_NORM: np.full(steps.size, 0.5)}, floor)
+    assert "reward_zero" in result.kinds() and COLLAPSE in result.phases
+
+
 def old_hook_crash(n: int = 110, crash: int = 70) -> Series:
     """A lab run recorded before the anchor set existed: exact deltas and `lld/logp_pos` only. The A > 0
     likelihood crashes from -0.2 to -1.7 nats within ~15 steps with entropy 0.7 -> 1.9 and length x3, and
