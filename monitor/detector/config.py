@@ -205,7 +205,7 @@ class DetectorConfig:
     `benchmarks/detection.py`."""
     reward_decline_level: float = 0.5
     """Reward decline (a warning): the trailing mean held below this share of the way from its lowest to
-    its best (same hold as "reward to 0"): half of what the run had is gone. The fraction of the
+    its best (over `reward_decline_hold_steps`): half of what the run had is gone. The fraction of the
     damaged-run label (`lldmon_lab.labels`: below 50 % of its running peak) and of the crash rule
     (`reward_crash_frac`). Lab early regime, shaped designs: 4 collapses whose task success fell from
     0.17-0.33 to 0.03-0.09 within 4-12 steps and reached the floor level 20-30 steps later were first
