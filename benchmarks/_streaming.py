@@ -65,13 +65,16 @@ class Sent:
     action_batches: int = 0
     failures: list[str] = field(default_factory=list)
     retries: list[str] = field(default_factory=list)
-    latency_ms: dict[str, list[float]] = field(default_factory=lambda: {"metrics": [], "actions": []})
+    latency_ms: dict[str, list[float]] = field(
+        default_factory=lambda: {"metrics": [], "actions": [], "combined": []}
+    )
 
 
 async def post_batch(
     client: httpx.AsyncClient, path: str, body: bytes, kind: str, sent: Sent, attempts: int = 4
 ) -> bool:
-    """POST one batch as the real client does: a transport error (connection dropped before the
+    """POST one batch (`kind` "combined": a metrics and an actions batch, `/combined`) as the real
+    client does: a transport error (connection dropped before the
     answer) is retried with the same body, hence the same `batch_id`, so a batch committed before
     the drop is acknowledged as a duplicate and counted once. Records the successful attempt's latency
     and every retry."""
@@ -90,16 +93,18 @@ async def post_batch(
         if response.status_code != 200:
             sent.failures.append(f"{kind} {path}: HTTP {response.status_code}: {response.text[:200]}")
             return False
-        ack = response.json()
-        if ack["duplicate"] and attempt == 0:
-            sent.failures.append(f"{kind} {path}: duplicate acknowledgement of a new batch")
-            return False
-        if kind == "metrics":
-            sent.metric_rows += ack["rows"]
-            sent.metric_batches += 1
-        else:
-            sent.action_rows += ack["rows"]
-            sent.action_batches += 1
+        answer = response.json()
+        acks = answer.items() if kind == "combined" else [(kind, answer)]
+        for half, ack in acks:
+            if ack["duplicate"] and attempt == 0:
+                sent.failures.append(f"{half} {path}: duplicate acknowledgement of a new batch")
+                return False
+            if half == "metrics":
+                sent.metric_rows += ack["rows"]
+                sent.metric_batches += 1
+            else:
+                sent.action_rows += ack["rows"]
+                sent.action_batches += 1
         return True
     return False
 

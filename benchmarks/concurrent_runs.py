@@ -2,8 +2,9 @@
 
 Each run sends, per optimizer step, what a Search-R1-sized job with lldmon's hooks sends: one metrics
 batch with every canonical metric (44 since #12) (scenario values, so the online detector finds phases and opens
-alerts) and one action batch of `--actions` records (default 2,560), in order, each waiting for its
-acknowledgement as the real client does. Step k of run r is *scheduled* at t0 + r/runs/rate + k/rate
+alerts) and one action batch of `--actions` records (default 2,560), waiting for the acknowledgement as
+the real client does: in one `/combined` request, as the hooks send a step (`--protocol combined`, the
+default), or as a metrics request then an actions request (`separate`; `both` runs one trial of each). Step k of run r is *scheduled* at t0 + r/runs/rate + k/rate
 (`--rate` steps/s per run, staggered starts); a run that falls behind sends its next step at once.
 Before the clock starts every run gets `--preload` steps of metrics in one batch, so the detector has
 history from the first streamed step on (its window is `required_history`, 240 steps: with the default
@@ -87,9 +88,13 @@ async def stream(
         if delay > 0:
             await asyncio.sleep(delay)
         step = args.preload + k
-        ok = await _streaming.post_batch(
-            client, base + "/metrics", run.metrics_body(range(step, step + 1)), "metrics", sent
-        )
+        metrics = run.metrics_body(range(step, step + 1))
+        if args.protocol == "combined" and run.actions:
+            body = b'{"metrics":%s,"actions":%s}' % (metrics, run.actions_body(step))
+            ok = await _streaming.post_batch(client, base + "/combined", body, "combined", sent)
+            results.append(StepResult(index, scheduled, time.perf_counter() - t0 if ok else None))
+            continue
+        ok = await _streaming.post_batch(client, base + "/metrics", metrics, "metrics", sent)
         if ok and run.actions:
             ok = await _streaming.post_batch(
                 client, base + "/actions", run.actions_body(step), "actions", sent
@@ -229,7 +234,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         with _util.LldmonServer(server_args, Path(tmp) / "server.log") as server:
             ids = _streaming.register_runs(server.url, runs, "bench-concurrent")
             preload(server.url, runs, ids, args.preload, sent)
-            sent.latency_ms = {"metrics": [], "actions": []}  # only the streamed batches' latencies
+            sent.latency_ms = {"metrics": [], "actions": [], "combined": []}  # the streamed batches' only
             assert server.proc is not None
             meter = _streaming.CpuMeter([server.proc.pid], db_url)
             before = _streaming.scrape(server.url)
@@ -262,10 +267,10 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "environment": env,
         "steps": summarise_steps(results, args, elapsed),
         "backlog_samples": backlog,
-        "latency_client": {k: _latency(v) for k, v in sent.latency_ms.items()},
+        "latency_client": {k: _latency(v) for k, v in sent.latency_ms.items() if v},
         "latency_server_transaction": {
             kind: _streaming.histogram_delta(before, after, "lldmon_ingest_latency_seconds", f"kind={kind}")
-            for kind in ("metrics", "actions")
+            for kind in (("combined",) if args.protocol == "combined" else ("metrics", "actions"))
         },
         "detector_per_step": _streaming.histogram_delta(before, after, "lldmon_detector_seconds"),
         "cpu_seconds": cpu,
@@ -345,11 +350,8 @@ def print_report(result: dict[str, Any]) -> None:
 def _trial_summary(result: dict[str, Any]) -> dict[str, Any]:
     s = result["steps"]
     keys = ("offered_steps_per_s", "achieved_steps_per_s", "sustained", "lag_s_median_last_third")
-    return {k: s[k] for k in keys} | {
-        "metrics_p99_ms": result["latency_client"]["metrics"]["p99_ms"],
-        "actions_p99_ms": result["latency_client"]["actions"]["p99_ms"],
-        "loadavg_end": result["environment"]["loadavg_end"],
-    }
+    p99 = {f"{kind}_p99_ms": latency["p99_ms"] for kind, latency in result["latency_client"].items()}
+    return {k: s[k] for k in keys} | p99 | {"loadavg_end": result["environment"]["loadavg_end"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -366,6 +368,13 @@ def main(argv: list[str] | None = None) -> int:
         help="if the offered rate is not sustained, run again with as many runs as 80%% of the achieved "
         "steps/s carries, to confirm a sustained rate",
     )
+    parser.add_argument(
+        "--protocol",
+        choices=("combined", "separate", "both"),
+        default="combined",
+        help="a step as one /combined request (what the hooks send) or as /metrics then /actions; "
+        "both: one trial each, separate first, compared at the end",
+    )
     parser.add_argument("--pg-url", default=DEFAULT_PG, help="any database of the PostgreSQL server")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
@@ -373,6 +382,22 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--runs, --rate and --seconds must be positive, --actions and --preload >= 0")
     print("command:", _util.command_line(), flush=True)
     print(f"machine: {_streaming.machine()}", flush=True)
+    protocols = ["separate", "combined"] if args.protocol == "both" else [args.protocol]
+    results = {p: measure(argparse.Namespace(**{**vars(args), "protocol": p})) for p in protocols}
+    if len(results) > 1:
+        print("\nside by side (CPU ms per acknowledged step; achieved steps/s; sustained):")
+        for protocol, result in results.items():
+            cpu = ", ".join(f"{k} {v}" for k, v in result["cpu_ms_per_step"].items())
+            s = result["steps"]
+            print(f"  {protocol:<9} {cpu}; {s['achieved_steps_per_s']} steps/s; sustained {s['sustained']}")
+    if args.json:
+        _streaming.write_json(args.json, results if len(results) > 1 else results[protocols[0]])
+    return 0 if all(r["correctness"]["ok"] for r in results.values()) else 1
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """One protocol's trial (and its confirmation with fewer runs if asked and not sustained)."""
+    print(f"\nprotocol: {args.protocol}", flush=True)
     result = run_benchmark(args)
     print_report(result)
     result["trials"] = [{"runs": args.runs, **_trial_summary(result)}]
@@ -386,9 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     sustained = [t for t in result["trials"] if t["sustained"]]
     result["max_sustained_steps_per_s"] = max((t["achieved_steps_per_s"] for t in sustained), default=None)
     print(f"\nmax sustained (measured): {result['max_sustained_steps_per_s']} steps/s")
-    if args.json:
-        _streaming.write_json(args.json, result)
-    return 0 if result["correctness"]["ok"] else 1
+    return result
 
 
 if __name__ == "__main__":

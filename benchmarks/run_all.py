@@ -338,8 +338,9 @@ def _concurrent(s: dict[str, Any]) -> str:
     text = (
         f"{a['runs']} runs x {a['rate']} step/s: offered {st['offered_steps_per_s']:.0f} steps/s, achieved "
         f"{st['achieved_steps_per_s']:.1f} ({'sustained' if st['sustained'] else 'backlog grows'}; median lag first/last third "
-        f"{st['lag_s_median_first_third']}/{st['lag_s_median_last_third']} s); p50/p99 metrics "
-        f"{lat['metrics']['p50_ms']}/{lat['metrics']['p99_ms']} ms, actions {lat['actions']['p50_ms']}/{lat['actions']['p99_ms']} ms; "
+        f"{st['lag_s_median_first_third']}/{st['lag_s_median_last_third']} s); p50/p99 "
+        + ", ".join(f"{kind} {v['p50_ms']}/{v['p99_ms']} ms" for kind, v in lat.items())
+        + "; "
         f"detector {det['mean_ms']} ms mean per step (p99 <= {det['p99_le_ms']} ms); CPU server {cpu['server']:.0%}, "
         f"PostgreSQL {cpu['postgres']:.0%}, client {cpu['client']:.0%} of the machine"
     )

@@ -12,6 +12,10 @@ data (collapse signals) and may be sent as JSON tokens (`NaN`, `Infinity`, `-Inf
 strings in NONFINITE_STRINGS. Responses always use the strings, so every response is strict JSON.
 
 Action batch (POST /api/v1/runs/{run_id}/actions): `batch_id` plus the columns in ACTION_COLUMNS.
+
+Both at once (POST /api/v1/runs/{run_id}/combined): `{"metrics": <metrics batch>, "actions": <action
+batch>}`, one transaction, each half acknowledged under its own `batch_id` (`{"metrics": <ack>,
+"actions": <ack>}`), so either may be re-sent alone through its own endpoint.
 """
 
 from __future__ import annotations
@@ -21,10 +25,10 @@ from typing import Any, Final
 
 API_PREFIX: Final = "/api/v1"
 DEFAULT_PROJECT: Final = "default"
+"""The project of a run created without one (and without a project-scoped token)."""
 MAX_BODY_HEADER: Final = "lldmon-max-body-bytes"
 """Response header on every API answer: the service's body limit (bytes of decompressed JSON), so a
 client splits its batches under it before the first one is refused."""
-"""The project of a run created without one (and without a project-scoped token)."""
 
 BATCH_ID_MAX_LENGTH: Final = 64
 IMPORT_BATCH_PREFIX: Final = "import-"

@@ -13,6 +13,15 @@ What every sender of batches shares, written once:
 - The outcome says which parts the service acknowledged, which it refused as invalid (sending goes on
   past them: the others are good data), and which were not delivered because an answer said "later"
   (a transient failure past the retries, 401/403/404/409): that part and every part after it.
+
+`send_combined(run_id, metrics, actions)` sends a step's metrics and actions bodies in one request
+(`/runs/{id}/combined`, one transaction on the service) when they fit in one body: a trainer's second
+request per step costs the service about as much again as the first. Each half is acknowledged under
+its own batch id, so its outcome is what `send` would give, and a half kept for later is re-sent alone
+(the spool keeps bodies per kind) and is a duplicate there if the combined request did store it. Any
+answer other than an acknowledgement or "later" (413, 422, 409: perhaps only one half is at fault; a
+service without the endpoint) makes each half go on its own through `send`, which cuts, learns limits
+and sorts good parts from refused ones as usual.
 """
 
 from __future__ import annotations
@@ -20,16 +29,18 @@ from __future__ import annotations
 import gzip
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from contracts import split
 from contracts.spool import Outcome as Verdict
 from lldmon_client.http import Reply, RetryPolicy, Session
 
-__all__ = ["MIN_BODY_BYTES", "Kind", "Outcome", "Sent", "Uploader"]
+__all__ = ["COMBINED_PATH", "MIN_BODY_BYTES", "Kind", "Outcome", "Sent", "Uploader"]
 
 Kind = Literal["metrics", "actions"]
+COMBINED_PATH = "combined"
+"""`/runs/{id}/combined`: a metrics and an actions body in one request (`send_combined`)."""
 MIN_BODY_BYTES = 1024
 """No limit a service names lowers the client's below this: bodies of one value must still go."""
 
@@ -117,6 +128,9 @@ class Uploader:
         self._stopped = stopped
         self._on_retry = on_retry
         self._on_learn = on_learn
+        self.combined = True
+        """Whether `send_combined` still tries one request (False once the service showed it has no
+        such endpoint)."""
 
     def adopt_limit(self, limit: int | None) -> bool:
         """Take the body limit the service announces (`Reply.body_limit`) if it is lower than ours, so
@@ -180,6 +194,40 @@ class Uploader:
                 break
         return outcome
 
+    def send_combined(
+        self,
+        run_id: int,
+        metrics: Mapping[str, Any],
+        actions: Mapping[str, Any],
+        *,
+        attempts: int | None = None,
+    ) -> tuple[Outcome, Outcome]:
+        """The outcomes of `metrics` and `actions`, sent in one request when they fit in one (module
+        docstring); `attempts` as in `request`."""
+        raw = self.encode({"metrics": metrics, "actions": actions}) if self.combined else b""
+        if self.combined and len(raw) <= self.max_bytes:
+            reply = self.request(
+                "POST",
+                f"/runs/{run_id}/{COMBINED_PATH}",
+                content=gzip.compress(raw, compresslevel=5),
+                gzipped=True,
+                attempts=attempts,
+            )
+            halves = _halves(reply)
+            if halves is not None:
+                return Outcome([Sent(dict(metrics), halves[0])]), Outcome([Sent(dict(actions), halves[1])])
+            if _kept_for_later(reply):
+                later = [Outcome(unsent=[dict(body)], reply=reply) for body in (metrics, actions)]
+                return later[0], later[1]
+            if reply.status in (404, 405) and not reply.error_code:  # not this service's own 404
+                self.combined = False
+            elif reply.status == 413:
+                self._learn(reply, len(raw))
+        metrics_outcome = self.send(run_id, "metrics", metrics, attempts=attempts)
+        if metrics_outcome.unsent:  # the service said "later": the actions wait too, unsent
+            return metrics_outcome, Outcome(unsent=[dict(actions)], reply=metrics_outcome.reply)
+        return metrics_outcome, self.send(run_id, "actions", actions, attempts=attempts)
+
     def _learn(self, reply: Reply, size: int) -> None:
         """A 413: lower the limit to the one the service names (else to half of what it refused)."""
         named = split.limit_from_error(reply.error)
@@ -188,3 +236,23 @@ class Uploader:
             self.max_bytes = limit
             if self._on_learn is not None:
                 self._on_learn(size, limit)
+
+
+def _halves(reply: Reply) -> tuple[Reply, Reply] | None:
+    """A combined acknowledgement as the two replies the separate endpoints would have given; None if
+    `reply` is not one."""
+    data = reply.data
+    if reply.outcome != "ok" or not isinstance(data, dict):
+        return None
+    metrics, actions = data.get("metrics"), data.get("actions")
+    if not isinstance(metrics, dict) or not isinstance(actions, dict):
+        return None
+    return replace(reply, data=metrics), replace(reply, data=actions)
+
+
+def _kept_for_later(reply: Reply) -> bool:
+    """An answer about the service, the token or the run, not about the bodies: both halves wait.
+    A 409 is about one half's batch id; a 404 without the service's error body is a missing endpoint."""
+    if reply.status == 404:
+        return bool(reply.error_code)
+    return reply.outcome == "retry" and reply.status != 409

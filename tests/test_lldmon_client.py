@@ -455,3 +455,119 @@ def test_batch_ids_random_and_stable() -> None:
 def test_reply_without_a_status_is_transient() -> None:
     reply = Reply(status=None, error="ReadTimeout: slow")
     assert reply.transient and reply.outcome == "retry" and reply.error_code == ""
+
+
+# ---------------------------------------------------------------------------- combined metrics + actions
+
+
+def small_actions(batch_id: str = "a-1", rows: int = 3) -> dict[str, Any]:
+    return actions_body(
+        batch_id,
+        {
+            "step": [0] * rows,
+            "traj_index": list(range(rows)),
+            "action_index": [0] * rows,
+            "n_tokens": [2] * rows,
+            "delta": [-0.1] * rows,
+            "old_logp_mean": [None] * rows,
+            "advantage": [1.0] * rows,
+            "reward": [None] * rows,
+            "is_answer": [False] * rows,
+            "source": ["loss"] * rows,
+        },
+    )
+
+
+def combined_service(answer: Callable[[str], httpx.Response | None] = lambda _path: None) -> Handler:
+    """Acknowledges `/combined` (each half under its own id) and the separate endpoints, unless
+    `answer(last path segment)` gives another response."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        kind = request.url.path.rsplit("/", 1)[1]
+        other = answer(kind)
+        if other is not None:
+            return other
+        if kind == "combined":
+            body = body_of(request)
+            halves = {
+                k: {"batch_id": body[k]["batch_id"], "duplicate": False} for k in ("metrics", "actions")
+            }
+            return httpx.Response(200, json=halves)
+        return ack(request)
+
+    return handler
+
+
+def kinds(recorder: Recorder) -> list[str]:
+    return [path.rsplit("/", 1)[1] for path, _ in recorder.requests]
+
+
+def test_metrics_and_actions_that_fit_together_go_in_one_request() -> None:
+    up, recorder, _ = uploader(combined_service())
+    metrics, actions = wide_body(2, 2), small_actions()
+    m, a = up.send_combined(5, metrics, actions)
+    assert kinds(recorder) == ["combined"] and recorder.requests[0][0].endswith("/runs/5/combined")
+    assert recorder.requests[0][1] == {"metrics": metrics, "actions": actions}
+    assert (m.verdict, a.verdict) == ("ok", "ok")
+    assert m.delivered[0].reply.data["batch_id"] == "b-1" and a.delivered[0].reply.data["batch_id"] == "a-1"
+
+
+def test_a_combined_body_over_the_limit_goes_as_two_requests_each_cut() -> None:
+    up, recorder, _ = uploader(combined_service(), max_bytes=4096)
+    m, a = up.send_combined(5, wide_body(), small_actions())
+    assert "combined" not in kinds(recorder) and kinds(recorder)[-1] == "actions"
+    assert m.verdict == "ok" and len(m.delivered) > 1 and a.verdict == "ok"
+
+
+@pytest.mark.parametrize(
+    ("status", "payload"),
+    [
+        (422, {"error": {"code": "invalid_input", "message": "bad", "field": "actions.delta[0]"}}),
+        (409, {"error": {"code": "conflict", "message": "batch 'a-1' was already received"}}),
+        (413, {"error": {"code": "payload_too_large", "message": "exceeds the limit of 999999 bytes"}}),
+    ],
+)
+def test_a_refused_combined_request_sends_each_half_alone(status: int, payload: dict[str, Any]) -> None:
+    """Only one half may be at fault: each goes alone and gets its own verdict."""
+
+    def answer(kind: str) -> httpx.Response | None:
+        if kind == "combined" or (kind == "actions" and status != 413):
+            return httpx.Response(status, json=payload)
+        return None
+
+    up, recorder, _ = uploader(combined_service(answer))
+    m, a = up.send_combined(5, wide_body(2, 2), small_actions())
+    assert kinds(recorder)[0] == "combined" and kinds(recorder)[1] == "metrics"
+    assert m.verdict == "ok"
+    assert a.verdict == {422: "reject", 409: "retry", 413: "ok"}[status]
+    assert up.combined  # the endpoint exists: tried again next time
+
+
+def test_a_service_without_the_combined_endpoint_is_asked_once() -> None:
+    def answer(kind: str) -> httpx.Response | None:
+        return httpx.Response(404, json={"detail": "Not Found"}) if kind == "combined" else None
+
+    up, recorder, _ = uploader(combined_service(answer))
+    for _ in range(3):
+        m, a = up.send_combined(5, wide_body(2, 2), small_actions())
+        assert (m.verdict, a.verdict) == ("ok", "ok")
+    assert kinds(recorder) == ["combined"] + ["metrics", "actions"] * 3 and not up.combined
+
+
+@pytest.mark.parametrize(
+    ("status", "payload"),
+    [
+        (503, {"error": {"code": "service_unavailable", "message": "down"}}),
+        (404, {"error": {"code": "not_found", "message": "run 5 not found"}}),
+        (401, {"error": {"code": "unauthorized", "message": "token"}}),
+    ],
+)
+def test_an_answer_about_the_service_or_run_keeps_both_halves_for_later(
+    status: int, payload: dict[str, Any]
+) -> None:
+    up, recorder, _ = uploader(combined_service(lambda _kind: httpx.Response(status, json=payload)))
+    metrics, actions = wide_body(2, 2), small_actions()
+    m, a = up.send_combined(5, metrics, actions)
+    assert set(kinds(recorder)) == {"combined"}  # retried as one request, never split up
+    assert (m.unsent, a.unsent) == ([metrics], [actions]) and m.reply is a.reply and m.reply.status == status
+    assert up.combined

@@ -425,8 +425,12 @@ class Sender:
         batches = self._batches(records) if records else []  # after registering: its answer names the limit
         if registered and self._spool_pending:
             self._replay_spool()
+        pair = _step_pair(batches)
+        if pair is not None and self._live():
+            self._send_live_pair(*pair)
+            batches = []
         for batch in batches:
-            if self._network_allowed() and not self._spool_pending and self.run_id is not None:
+            if self._live():
                 self._send_live(batch)
             else:
                 for part in self._fit(batch):
@@ -596,7 +600,28 @@ class Sender:
             for part in self._fit(batch):
                 self._spool(part)
             return
-        outcome = self._uploader.send(run_id, batch.kind, batch.body)
+        self._keep_undelivered(batch, self._uploader.send(run_id, batch.kind, batch.body))
+
+    def _send_live_pair(self, metrics: Batch, actions: Batch) -> None:
+        """A step's metrics and actions bodies in one request where they fit (`Uploader.send_combined`);
+        each half then goes where `_send_live` would put it."""
+        run_id = self.run_id
+        if run_id is None:
+            for part in self._fit(metrics) + self._fit(actions):
+                self._spool(part)
+            return
+        metrics_outcome, actions_outcome = self._uploader.send_combined(run_id, metrics.body, actions.body)
+        self._keep_undelivered(metrics, metrics_outcome)
+        if actions_outcome.reply is not None and actions_outcome.reply is metrics_outcome.reply:
+            actions_outcome.reply = None  # one failed request: noted (and backed off from) once
+        self._keep_undelivered(actions, actions_outcome)
+
+    def _live(self) -> bool:
+        """Whether a batch goes out now rather than to the spool."""
+        return self._network_allowed() and not self._spool_pending and self.run_id is not None
+
+    def _keep_undelivered(self, batch: Batch, outcome: SendOutcome) -> None:
+        """Settle `outcome` of `batch`: refused parts to `rejected/`, undelivered ones to the spool."""
         self._settle(self.identity, outcome)
         for i, sent in enumerate(outcome.refused):
             self._spool(Batch(batch.kind, sent.body, batch.order_ns + i), subdir=spool.REJECTED_DIR)
@@ -662,3 +687,10 @@ class Sender:
             self._warn(
                 "finish", "lldmon: could not mark run %s %s: %s", run_id, self._close_status, reply.error
             )
+
+
+def _step_pair(batches: list[Batch]) -> tuple[Batch, Batch] | None:
+    """(metrics, actions) if `batches` are one of each, the usual flush of a step: one request."""
+    if len(batches) == 2 and batches[0].kind == "metrics" and batches[1].kind == "actions":
+        return batches[0], batches[1]
+    return None

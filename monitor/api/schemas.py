@@ -244,6 +244,13 @@ class IngestAckOut(BaseModel):
         )
 
 
+class CombinedAckOut(BaseModel):
+    """The acknowledgements of a combined request's two batches (both carry the run's directive)."""
+
+    metrics: IngestAckOut
+    actions: IngestAckOut
+
+
 class MetricNameOut(BaseModel):
     name: str
     points: int

@@ -53,23 +53,44 @@ class ActionsBatchWire(msgspec.Struct, forbid_unknown_fields=True):
     source: list[Literal["loss", "probe"]]
 
 
+class CombinedBatchWire(msgspec.Struct, forbid_unknown_fields=True):
+    """A metrics batch and an actions batch in one request, each with its own `batch_id`."""
+
+    metrics: MetricsBatchWire
+    actions: ActionsBatchWire
+
+
 _METRICS_DECODER = msgspec.json.Decoder(MetricsBatchWire)
 _ACTIONS_DECODER = msgspec.json.Decoder(ActionsBatchWire)
+_COMBINED_DECODER = msgspec.json.Decoder(CombinedBatchWire)
 
 
 def decode_metrics(body: bytes) -> tuple[str, MetricsColumns]:
-    wire = _decode(body, _METRICS_DECODER, MetricsBatchWire)
+    return _metrics_columns(_decode(body, _METRICS_DECODER, MetricsBatchWire))
+
+
+def decode_actions(body: bytes) -> tuple[str, ActionColumns]:
+    return _action_columns(_decode(body, _ACTIONS_DECODER, ActionsBatchWire))
+
+
+def decode_combined(body: bytes) -> tuple[tuple[str, MetricsColumns], tuple[str, ActionColumns]]:
+    wire = _decode(body, _COMBINED_DECODER, CombinedBatchWire)
+    return _metrics_columns(wire.metrics, "metrics."), _action_columns(wire.actions, "actions.")
+
+
+def _metrics_columns(wire: MetricsBatchWire, path: str = "") -> tuple[str, MetricsColumns]:
+    """`wire` checked and in the storage encoding; `path` prefixes the fields errors name."""
     n = len(wire.steps)
     steps: list[int] = []
     names: list[str] = []
     values: list[float | None] = []
     for name, column in wire.metrics.items():
-        field = f"metrics.{name}"
+        field = f"{path}metrics.{name}"
         problem = metric_name_problem(name)
         if problem is not None:
             raise InvalidInput(problem, field=surrogates_escaped(field))
         if len(column) != n:
-            raise InvalidInput(f"has {len(column)} values but steps has {n}", field=field)
+            raise InvalidInput(f"has {len(column)} values but {path}steps has {n}", field=field)
         for step, raw in zip(wire.steps, column, strict=True):
             if raw is None:
                 continue
@@ -82,14 +103,14 @@ def decode_metrics(body: bytes) -> tuple[str, MetricsColumns]:
     return wire.batch_id, batch
 
 
-def decode_actions(body: bytes) -> tuple[str, ActionColumns]:
-    wire = _decode(body, _ACTIONS_DECODER, ActionsBatchWire)
+def _action_columns(wire: ActionsBatchWire, path: str = "") -> tuple[str, ActionColumns]:
+    """`wire` checked and in the storage encoding; `path` prefixes the fields errors name."""
     n = len(wire.step)
     for column in ActionColumns.__dataclass_fields__:
         length = len(getattr(wire, column))
         if length != n:
-            raise InvalidInput(f"has {length} values but step has {n}", field=column)
-    floats = {name: _float_column(getattr(wire, name), name) for name in ACTION_FLOAT_COLUMNS}
+            raise InvalidInput(f"has {length} values but {path}step has {n}", field=path + column)
+    floats = {name: _float_column(getattr(wire, name), path + name) for name in ACTION_FLOAT_COLUMNS}
     batch = ActionColumns(
         step=wire.step,
         traj_index=wire.traj_index,
@@ -106,11 +127,11 @@ def decode_actions(body: bytes) -> tuple[str, ActionColumns]:
 
 
 def request_schemas() -> dict[str, Any]:
-    """JSON schemas of the two batch bodies, for the OpenAPI document."""
-    (metrics, actions), components = msgspec.json.schema_components(
-        [MetricsBatchWire, ActionsBatchWire], ref_template="#/components/schemas/{name}"
+    """JSON schemas of the three batch bodies, for the OpenAPI document."""
+    (metrics, actions, combined), components = msgspec.json.schema_components(
+        [MetricsBatchWire, ActionsBatchWire, CombinedBatchWire], ref_template="#/components/schemas/{name}"
     )
-    return {"metrics": metrics, "actions": actions, "components": components}
+    return {"metrics": metrics, "actions": actions, "combined": combined, "components": components}
 
 
 def _decode(body: bytes, decoder: msgspec.json.Decoder[Any], kind: type[Any]) -> Any:

@@ -223,11 +223,11 @@ class AlertService:
                     )
                 )
         by_id = {a.id: a for a in unresolved}
+        quiet = [(r.alert_id, r.condition) for r in plan.refresh if not r.notify]
+        alert_store.refresh_quietly(conn, quiet, now)
         for refresh in plan.refresh:
-            alert_store.refresh(
-                conn, refresh.alert_id, refresh.condition, now, refresh.event if refresh.notify else None
-            )
             if refresh.notify:
+                alert_store.refresh(conn, refresh.alert_id, refresh.condition, now, refresh.event)
                 was = by_id[refresh.alert_id]
                 notes.append(
                     _notification(

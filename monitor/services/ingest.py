@@ -63,23 +63,70 @@ class IngestService:
     def ingest_metrics(
         self, principal: Principal, run_id: int, batch_id: str, batch: MetricsColumns
     ) -> IngestAck:
-        first_step, last_step = (min(batch.steps), max(batch.steps)) if batch.steps else (None, None)
         with self.telemetry.time_ingest("metrics"), self.db.write() as conn:
             run = _batch_run(conn, principal, run_id)
-            previous = _claim(conn, run_id, "metrics", batch_id, batch, len(batch))
-            if previous is None:
-                live = not batch_id.startswith(IMPORT_BATCH_PREFIX)
-                rolled_back = live and self._roll_back(conn, run_id, run.last_step, batch)
-                ingest_store.write_metrics(conn, run_id, batch)
-                if live:
-                    _record_acknowledgements(conn, run_id, batch)
-                seen = None if rolled_back else run
-                run_store.touch_run(conn, run_id, last_step, seen, first_step=first_step)
-            else:  # a re-sent batch: nothing new for the detector
+            previous = self._store_metrics(conn, run, run_id, batch_id, batch)
+            if previous is not None:  # a re-sent batch: nothing new for the detector
                 directive = event_store.current_directive(conn, run_id)
         if previous is None:
             directive = self._detect(run_id)
-        return self._ack("metrics", batch_id, len(batch), previous, directive, last_step)
+        return self._ack("metrics", batch_id, len(batch), previous, directive, _last_step(batch))
+
+    def ingest_combined(
+        self,
+        principal: Principal,
+        run_id: int,
+        metrics: tuple[str, MetricsColumns],
+        actions: tuple[str, ActionColumns],
+    ) -> tuple[IngestAck, IngestAck]:
+        """A metrics batch and an actions batch in one transaction (one request of the trainer per
+        step instead of two): each claimed under its own kind and batch id, so a re-send of either
+        through its own endpoint (the client's spool) is a duplicate of this one, and either may be a
+        duplicate here. The metrics are stored first (a rollback they carry truncates the history the
+        actions then continue); the detector runs once, after the commit, if the metrics were new."""
+        (metrics_id, metrics_batch), (actions_id, actions_batch) = metrics, actions
+        with self.telemetry.time_ingest("combined"), self.db.write() as conn:
+            run = _batch_run(conn, principal, run_id)
+            metrics_previous = self._store_metrics(conn, run, run_id, metrics_id, metrics_batch)
+            actions_previous = self._store_actions(
+                conn, run if metrics_previous is not None else None, run_id, actions_id, actions_batch
+            )
+            if metrics_previous is not None:
+                directive = event_store.current_directive(conn, run_id)
+        if metrics_previous is None:
+            directive = self._detect(run_id)
+        return (
+            self._ack(
+                "metrics",
+                metrics_id,
+                len(metrics_batch),
+                metrics_previous,
+                directive,
+                _last_step(metrics_batch),
+            ),
+            self._ack("actions", actions_id, len(actions_batch), actions_previous, directive, None),
+        )
+
+    def _store_metrics(
+        self,
+        conn: Connection,
+        run: run_store.RunActivity,
+        run_id: int,
+        batch_id: str,
+        batch: MetricsColumns,
+    ) -> int | None:
+        """Claim and write a metrics batch and record the run's activity; `_claim`'s answer."""
+        previous = _claim(conn, run_id, "metrics", batch_id, batch, len(batch))
+        if previous is None:
+            live = not batch_id.startswith(IMPORT_BATCH_PREFIX)
+            rolled_back = live and self._roll_back(conn, run_id, run.last_step, batch)
+            ingest_store.write_metrics(conn, run_id, batch)
+            if live:
+                _record_acknowledgements(conn, run_id, batch)
+            seen = None if rolled_back else run
+            first_step = min(batch.steps) if batch.steps else None
+            run_store.touch_run(conn, run_id, _last_step(batch), seen, first_step=first_step)
+        return previous
 
     def _roll_back(
         self, conn: Connection, run_id: int, run_last_step: int | None, batch: MetricsColumns
@@ -119,12 +166,26 @@ class IngestService:
     ) -> IngestAck:
         with self.telemetry.time_ingest("actions"), self.db.write() as conn:
             run = _batch_run(conn, principal, run_id)
-            previous = _claim(conn, run_id, "actions", batch_id, batch, len(batch))
-            if previous is None:
-                ingest_store.write_actions(conn, run_id, batch)
-                run_store.touch_run(conn, run_id, None, run)
+            previous = self._store_actions(conn, run, run_id, batch_id, batch)
             directive = event_store.current_directive(conn, run_id)
         return self._ack("actions", batch_id, len(batch), previous, directive, None)
+
+    @staticmethod
+    def _store_actions(
+        conn: Connection,
+        run: run_store.RunActivity | None,
+        run_id: int,
+        batch_id: str,
+        batch: ActionColumns,
+    ) -> int | None:
+        """Claim and write an actions batch; `_claim`'s answer. `run`: the run as read for the
+        activity update, None if this transaction recorded the activity already."""
+        previous = _claim(conn, run_id, "actions", batch_id, batch, len(batch))
+        if previous is None:
+            ingest_store.write_actions(conn, run_id, batch)
+            if run is not None:
+                run_store.touch_run(conn, run_id, None, run)
+        return previous
 
     def _ack(
         self,
@@ -144,6 +205,10 @@ class IngestService:
             directive=directive,
             last_step=last_step,
         )
+
+
+def _last_step(batch: MetricsColumns) -> int | None:
+    return max(batch.steps) if batch.steps else None
 
 
 def _batch_run(conn: Connection, principal: Principal, run_id: int) -> run_store.RunActivity:

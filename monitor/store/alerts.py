@@ -6,7 +6,7 @@ from collections.abc import Collection, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import Connection, Row, func, select, update
+from sqlalchemy import Connection, Row, bindparam, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from contracts.alerts import FIRING, RESOLVED
@@ -142,6 +142,40 @@ def refresh(
     conn.execute(update(alerts).where(alerts.c.id == alert_id).values(**values))
 
 
+def refresh_quietly(
+    conn: Connection, refreshes: Sequence[tuple[int, ActiveCondition]], now: datetime
+) -> None:
+    """`refresh` without a notification of each (alert id, condition), in one executemany: a collapsed
+    run's alerts are refreshed on every step, and one statement per alert was the largest part of a
+    detector pass outside the detector (psycopg pipelines the parameter sets)."""
+    if not refreshes:
+        return
+    statement = (
+        update(alerts)
+        .where(alerts.c.id == bindparam("refreshed_id"))
+        .values(
+            severity=bindparam("refreshed_severity"),
+            message=bindparam("refreshed_message"),
+            evidence=bindparam("refreshed_evidence", type_=alerts.c.evidence.type),
+            last_step=_greatest(conn, alerts.c.last_step, bindparam("refreshed_last_step")),
+            updated_at=now,
+        )
+    )
+    conn.execute(
+        statement,
+        [
+            {
+                "refreshed_id": alert_id,
+                "refreshed_severity": c.severity,
+                "refreshed_message": c.message,
+                "refreshed_evidence": c.evidence,
+                "refreshed_last_step": c.last_held,
+            }
+            for alert_id, c in refreshes
+        ],
+    )
+
+
 def reopen(
     conn: Connection, alert_id: int, c: ActiveCondition, status: str, now: datetime, event: str | None = None
 ) -> bool:
@@ -193,7 +227,7 @@ def _notified(now: datetime, event: str) -> dict[str, Any]:
     return {"last_notified_at": now, "notify_count": alerts.c.notify_count + 1, "last_event": event}
 
 
-def _greatest(conn: Connection, column: Any, value: int) -> Any:
+def _greatest(conn: Connection, column: Any, value: Any) -> Any:
     return func.max(column, value) if conn.dialect.name == "sqlite" else func.greatest(column, value)
 
 

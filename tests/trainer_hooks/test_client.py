@@ -251,6 +251,31 @@ def test_invalid_batch_is_rejected_once_kept_and_does_not_block_others(
     assert client.stats.rejected == 2
 
 
+def test_a_steps_metrics_and_actions_go_in_one_request_and_a_bad_half_alone(
+    server: LiveServer, make_client: Callable[..., MonitorClient]
+) -> None:
+    """One request per step (`/combined`) where a flush holds a step's metrics and actions; when the
+    service refuses the combined body, each half goes on its own: the good one is stored, the bad one
+    kept in `rejected/` (as it would be without the combined endpoint)."""
+    transport = CountingTransport()
+    client = make_client(server.url, "combined", transport=transport)
+    for step in range(5):
+        client.log(step, metrics_at(step))
+        client.log_actions(step, action_columns(3, source="bogus" if step == 3 else "loss"))
+        assert client.flush(10)
+    client.close(timeout=10)
+
+    ingest = [path.rsplit("/", 1)[1] for method, path, _ in transport.requests if method == "POST"]
+    ingest = [p for p in ingest if p in ("metrics", "actions", "combined")]
+    assert ingest == ["combined"] * 4 + ["metrics", "actions"] + ["combined"], ingest
+    run_id = server.run_id("combined")
+    assert_stored_exactly_once(server, "combined", range(5))
+    assert server.get(f"/runs/{run_id}/actions")["step"] == [0] * 3 + [1] * 3 + [2] * 3 + [4] * 3
+    rejected = list(spool.iter_entries(client.spool_dir / spool.REJECTED_DIR))
+    assert [(e.kind, e.body["step"]) for e in rejected] == [("actions", [3, 3, 3])]
+    assert (client.stats.sent, client.stats.rejected) == (9, 1)
+
+
 def test_bad_input_never_raises_and_bad_names_are_dropped_client_side(
     server: LiveServer, make_client: Callable[..., MonitorClient], caplog: pytest.LogCaptureFixture
 ) -> None:

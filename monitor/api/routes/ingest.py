@@ -10,9 +10,9 @@ from starlette.concurrency import run_in_threadpool
 
 from monitor.api.body import read_limited_body
 from monitor.api.params import RunId
-from monitor.api.schemas import ErrorOut, IngestAckOut
+from monitor.api.schemas import CombinedAckOut, ErrorOut, IngestAckOut
 from monitor.api.state import AppState, get_principal, get_state
-from monitor.api.wire import decode_actions, decode_metrics
+from monitor.api.wire import decode_actions, decode_combined, decode_metrics
 from monitor.domain import IngestAck, Principal
 from monitor.errors import Conflict, InvalidInput, PayloadTooLarge
 
@@ -75,8 +75,35 @@ async def ingest_actions(
     return await _ingest(request, state, "actions", work)
 
 
+@router.post(
+    "/combined",
+    response_model=CombinedAckOut,
+    responses=_ERRORS,
+    openapi_extra=_body_doc("CombinedBatchWire"),
+)
+async def ingest_combined(
+    run_id: RunId,
+    request: Request,
+    state: AppState = Depends(get_state),
+    principal: Principal = Depends(get_principal),
+) -> Response:
+    """Store a metrics batch and an actions batch (a training step's) in one transaction, each
+    acknowledged under its own `batch_id` as its own endpoint would: a re-send of either, here or
+    there, is a duplicate. Saves a trainer the second request per step."""
+
+    def work(body: bytes) -> CombinedAckOut:
+        metrics, actions = decode_combined(body)
+        metrics_ack, actions_ack = state.ingest.ingest_combined(principal, run_id, metrics, actions)
+        return CombinedAckOut(metrics=IngestAckOut.of(metrics_ack), actions=IngestAckOut.of(actions_ack))
+
+    return await _ingest(request, state, "combined", work)
+
+
 async def _ingest(
-    request: Request, state: AppState, kind: str, work: Callable[[bytes], IngestAck]
+    request: Request,
+    state: AppState,
+    kind: str,
+    work: Callable[[bytes], IngestAck | CombinedAckOut],
 ) -> Response:
     try:
         body = await read_limited_body(request, state.settings.max_body_bytes)
@@ -84,5 +111,6 @@ async def _ingest(
     except (InvalidInput, PayloadTooLarge, Conflict):
         state.telemetry.record_rejected(kind)
         raise
+    out = ack if isinstance(ack, CombinedAckOut) else IngestAckOut.of(ack)
     # Serialised here: returned as a model, FastAPI would validate it against `response_model` again.
-    return Response(IngestAckOut.of(ack).model_dump_json(), media_type="application/json")
+    return Response(out.model_dump_json(), media_type="application/json")

@@ -391,3 +391,25 @@ def test_a_flickering_nan_grad_norm_through_the_api_cli_and_dashboard(settings: 
         for a in json.loads(shown.output)["alerts"]
         if a["kind"] == F.NONFINITE_GRAD
     ] == [(40, 68, 69, 2), (110, 114, 115, 0)]
+
+
+def test_alerts_refreshed_together_each_take_their_own_condition(state: Any, run: RunInfo) -> None:
+    """Quiet refreshes go in one statement (`refresh_quietly`): each alert gets its own message,
+    evidence and last step, which never moves back, and a notifying refresh still notifies."""
+    a = ActiveCondition(F.ENTROPY_RISE, "warning", 10, "entropy up", {"z": 3.0}, 10)
+    b = ActiveCondition(F.KL_BLOWUP, "critical", 10, "kl up", {"ratio": 9.0}, 10)
+    assert len(events(judge(state, run, [a, b], 10))) == 2
+    moved = [
+        dataclasses.replace(a, active_at=14, message="entropy still up", evidence={"z": 4.5}),
+        dataclasses.replace(b, active_at=9, message="kl still up", evidence={"ratio": 12.0}),
+    ]
+    assert judge(state, run, moved, 14) == []
+    by_kind = {x.kind: x for x in alerts_of(state, run)}
+    assert (by_kind[F.ENTROPY_RISE].last_step, by_kind[F.ENTROPY_RISE].message) == (14, "entropy still up")
+    assert by_kind[F.ENTROPY_RISE].evidence == {"z": 4.5}
+    assert (by_kind[F.KL_BLOWUP].last_step, by_kind[F.KL_BLOWUP].message) == (10, "kl still up")
+    assert by_kind[F.KL_BLOWUP].evidence == {"ratio": 12.0}
+    assert [(x.status, x.severity) for x in alerts_of(state, run)] == [
+        ("open", "warning"),
+        ("open", "critical"),
+    ]

@@ -55,6 +55,10 @@ WRITE_BODIES: dict[tuple[str, str], Any] = {
     ("PUT", "/runs/{run_id}/policy"): {"policy": "auto"},
     ("POST", "/runs/{run_id}/metrics"): metrics_batch([99], {"loss": [-1.0]}, batch_id="evil-m"),
     ("POST", "/runs/{run_id}/actions"): action_batch(2, step=99, batch_id="evil-a"),
+    ("POST", "/runs/{run_id}/combined"): {
+        "metrics": metrics_batch([99], {"loss": [-1.0]}, batch_id="evil-cm"),
+        "actions": action_batch(2, step=99, batch_id="evil-ca"),
+    },
     ("PUT", "/runs/{run_id}/directive"): {"llds": {"enabled": True, "lam": 0.9}, "reason": "evil"},
     ("PUT", "/runs/{run_id}/detector"): {"overrides": {}},
     ("POST", "/runs/{run_id}/alerts/{alert_id}/ack"): None,

@@ -180,6 +180,102 @@ def test_loss_and_probe_records_of_the_same_action_coexist(client: TestClient) -
     assert stored["source"] == ["loss", "loss", "probe", "probe"]
 
 
+def post_combined(client: TestClient, run_id: int, metrics: object, actions: object):  # type: ignore[no-untyped-def]
+    body = {"metrics": metrics, "actions": actions}
+    return client.post(f"{API_PREFIX}/runs/{run_id}/combined", json=body)
+
+
+def test_combined_request_stores_both_batches_as_their_own_endpoints_would(client: TestClient) -> None:
+    run_id = new_run(client)
+    metrics = metrics_batch([3], {"reward/mean": [0.5], "grad/norm": ["Infinity"]})
+    actions = action_batch(6, step=3)
+    actions["delta"][1] = "NaN"
+    response = post_combined(client, run_id, metrics, actions)
+    assert response.status_code == 200, response.text
+    ack = response.json()
+    assert ack["metrics"] == {
+        **ack["metrics"],
+        "batch_id": metrics["batch_id"],
+        "rows": 2,
+        "duplicate": False,
+        "last_step": 3,
+    }
+    assert ack["actions"] == {
+        **ack["actions"],
+        "batch_id": actions["batch_id"],
+        "rows": 6,
+        "duplicate": False,
+        "last_step": None,
+    }
+    assert ack["metrics"]["directive"] == ack["actions"]["directive"]
+    assert history(client, run_id)["grad/norm"] == {"steps": [3], "values": ["Infinity"]}
+    stored = client.get(f"{API_PREFIX}/runs/{run_id}/actions").json()
+    assert stored["traj_index"] == list(range(6)) and stored["delta"][1] == "NaN"
+    assert client.get(f"{API_PREFIX}/runs/{run_id}").json()["last_step"] == 3
+
+
+def test_combined_and_separate_deliveries_of_one_batch_are_stored_once(client: TestClient) -> None:
+    """The client re-sends through the separate endpoints what a combined request may have stored
+    (its spool keeps the two halves), and either half may already be stored: each is claimed under
+    its own kind and id."""
+    run_id = new_run(client)
+    metrics, actions = metrics_batch([0], {"loss": [1.0]}), action_batch(4)
+    assert post_combined(client, run_id, metrics, actions).status_code == 200
+    again_m = post_metrics(client, run_id, metrics).json()
+    again_a = client.post(f"{API_PREFIX}/runs/{run_id}/actions", json=actions).json()
+    assert (again_m["duplicate"], again_m["rows"], again_a["duplicate"], again_a["rows"]) == (
+        True,
+        1,
+        True,
+        4,
+    )
+    # The other way round: the metrics went alone, the combined re-send stores only the actions.
+    metrics2, actions2 = metrics_batch([1], {"loss": [2.0]}), action_batch(3, step=1)
+    assert post_metrics(client, run_id, metrics2).status_code == 200
+    ack = post_combined(client, run_id, metrics2, actions2).json()
+    assert (ack["metrics"]["duplicate"], ack["actions"]["duplicate"], ack["actions"]["rows"]) == (
+        True,
+        False,
+        3,
+    )
+    stored = client.get(f"{API_PREFIX}/runs/{run_id}/actions").json()
+    assert stored["step"] == [0] * 4 + [1] * 3
+    assert history(client, run_id)["loss"] == {"steps": [0, 1], "values": [1.0, 2.0]}
+
+
+@pytest.mark.parametrize("bad_half", ["metrics", "actions"])
+def test_combined_request_with_one_bad_half_writes_nothing(client: TestClient, bad_half: str) -> None:
+    run_id = new_run(client)
+    metrics, actions = metrics_batch([0], {"loss": [1.0]}), action_batch(3)
+    if bad_half == "metrics":
+        metrics["metrics"]["loss"] = [1.0, 2.0]
+        field = "metrics.metrics.loss"
+    else:
+        actions["delta"][2] = "fast"
+        field = "actions.delta[2]"
+    response = post_combined(client, run_id, metrics, actions)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["field"] == field
+    assert history(client, run_id) == {}
+    assert client.get(f"{API_PREFIX}/runs/{run_id}/actions").json()["step"] == []
+    assert (
+        'lldmon_ingest_batches_total{kind="combined",outcome="rejected"} 1.0' in client.get("/metrics").text
+    )
+
+
+def test_combined_request_reusing_an_id_with_another_payload_is_409_and_writes_nothing(
+    client: TestClient,
+) -> None:
+    run_id = new_run(client)
+    actions = action_batch(2, batch_id="taken")
+    assert client.post(f"{API_PREFIX}/runs/{run_id}/actions", json=actions).status_code == 200
+    metrics, other = metrics_batch([0], {"loss": [1.0]}), action_batch(5, batch_id="taken")
+    response = post_combined(client, run_id, metrics, other)
+    assert response.status_code == 409, response.text
+    assert history(client, run_id) == {}  # the metrics half went with the refused transaction
+    assert len(client.get(f"{API_PREFIX}/runs/{run_id}/actions").json()["step"]) == 2
+
+
 # --- bad input: clear error naming the field, nothing written -------------------------------------
 
 
@@ -303,8 +399,8 @@ def test_rejected_batches_are_counted(client: TestClient) -> None:
 def test_ingest_round_trips_to_the_database_are_bounded(client: TestClient, app) -> None:  # type: ignore[no-untyped-def]
     """Connection checkouts per request, after the token lookup (one read, so a revoked token stops at
     once): a metrics batch is one write transaction (run check, ledger, rows) plus the detector's, which
-    also reads the directive for the acknowledgement; an actions batch or a re-send is one (it was 4 and
-    2 when the run check and the directive read had transactions of their own)."""
+    also reads the directive for the acknowledgement; an actions batch or a re-send is one; a combined
+    request is what its metrics batch is."""
     from sqlalchemy import event
 
     from contracts import metrics as M
@@ -328,5 +424,9 @@ def test_ingest_round_trips_to_the_database_are_bounded(client: TestClient, app)
         response = client.post(f"{API_PREFIX}/runs/{run_id}/actions", json=action_batch(4))
         assert response.status_code == 200 and "directive" in response.json()
         assert len(checkouts) == 1 + 1
+        checkouts.clear()
+        step = metrics_batch([2], {M.REWARD_MEAN: [0.3]})
+        assert post_combined(client, run_id, step, action_batch(4, step=2)).status_code == 200
+        assert len(checkouts) == 1 + 2  # a metrics batch's, the actions riding in its transaction
     finally:
         event.remove(pool, "checkout", count)
