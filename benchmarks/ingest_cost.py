@@ -16,6 +16,10 @@ steps. The trees' order rotates every round, so machine noise hits them alike. R
 tree and request kind: the median over the rounds of each round's median CPU ms per request, and
 the ratio baseline / this tree (of those medians, and the median of the per-round ratios).
 
+`--protocol combined` sends this tree's steps as one `POST /runs/{id}/combined` each (what the hooks
+send) while the baseline keeps the two requests; with `--baseline .` that isolates what the combined
+request saves. The step row compares the whole step either way.
+
 `--profile DIR` instead profiles this tree once per backend: a cProfile per thread (timer: thread
 CPU time, so waiting is not counted), merged into `DIR/ingest-<backend>.pstats` and a top-N
 cumulative table `DIR/ingest-<backend>.txt`.
@@ -24,7 +28,8 @@ Usage::
 
     python -m benchmarks.ingest_cost [--baseline /tmp/ingest_base] [--rounds 5] [--steps 100]
         [--warmup 20] [--records 2560] [--backends sqlite,postgres]
-        [--pg-url postgresql+psycopg://postgres@127.0.0.1:5432/test] [--json PATH]
+        [--pg-url postgresql+psycopg://postgres@127.0.0.1:5432/test] [--protocol separate|combined]
+        [--json PATH]
     python -m benchmarks.ingest_cost --profile /tmp/profile [--steps 200]
 """
 
@@ -51,6 +56,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PG = os.environ.get("LLDMON_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 KINDS = ("metrics", "actions")
+REQUESTS = (*KINDS, "combined")
 BACKENDS = ("sqlite", "postgres")
 API = "/api/v1"
 
@@ -187,8 +193,8 @@ class Measured:
     """Per request kind: process CPU and wall ms of each measured request."""
 
     def __init__(self) -> None:
-        self.cpu_ms: dict[str, list[float]] = {kind: [] for kind in KINDS}
-        self.wall_ms: dict[str, list[float]] = {kind: [] for kind in KINDS}
+        self.cpu_ms: dict[str, list[float]] = {kind: [] for kind in REQUESTS}
+        self.wall_ms: dict[str, list[float]] = {kind: [] for kind in REQUESTS}
 
     async def request(self, driver: AsgiDriver, kind: str, path: str, body: bytes, *, keep: bool) -> None:
         c0, t0 = time.process_time(), time.perf_counter()
@@ -231,9 +237,13 @@ def one_round(backend: str, args: argparse.Namespace, profiles: ThreadProfiles |
                     pg_start = sum(_streaming.process_cpu(p) for p in pids)
                 keep = k >= args.warmup
                 bodies = {"metrics": run.metrics_body(range(k, k + 1)), "actions": run.actions_body(k)}
+                if args.protocol == "combined":
+                    bodies = {
+                        "combined": b'{"metrics":%s,"actions":%s}' % (bodies["metrics"], bodies["actions"])
+                    }
                 with profiles.measuring() if profiles is not None and keep else contextlib.nullcontext():
-                    for kind in KINDS:
-                        await measured.request(driver, kind, f"{base}/{kind}", bodies[kind], keep=keep)
+                    for kind, body in bodies.items():
+                        await measured.request(driver, kind, f"{base}/{kind}", body, keep=keep)
             return sum(_streaming.process_cpu(p) for p in pids) - pg_start if pids else 0.0
 
         pg_cpu = asyncio.run(drive())
@@ -261,9 +271,10 @@ def profile(args: argparse.Namespace) -> None:
         text = io.StringIO()
         stats.stream = text  # type: ignore[attr-defined]
         stats.sort_stats("cumulative").print_stats(args.top)
-        medians = {kind: round(statistics.median(result["cpu_ms"][kind]), 3) for kind in KINDS}
+        medians = {k: round(statistics.median(v), 3) for k, v in result["cpu_ms"].items() if v}
         header = (
-            f"backend {backend}: {args.steps} steps (metrics + actions of {args.records} records), "
+            f"backend {backend}: {args.steps} steps (metrics + actions of {args.records} records, "
+            f"{args.protocol}), "
             f"process CPU ms per request, median: {medians}; thread-CPU cProfile of the measured requests\n"
         )
         (out / f"ingest-{backend}.txt").write_text(header + text.getvalue())
@@ -273,11 +284,11 @@ def profile(args: argparse.Namespace) -> None:
 # --- the comparison, in the parent ------------------------------------------------------------------
 
 
-def run_tree(tree: Path, backend: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_tree(tree: Path, backend: str, args: argparse.Namespace, protocol: str) -> dict[str, Any]:
     command = [
         sys.executable, "-P", str(Path(__file__).resolve()), "--worker", "--backend", backend,
         "--steps", str(args.steps), "--warmup", str(args.warmup), "--records", str(args.records),
-        "--pg-url", args.pg_url,
+        "--pg-url", args.pg_url, "--protocol", protocol,
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(tree)}
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
@@ -301,19 +312,21 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         for backend, per_tree in rounds.items():
             order = list(trees) if r % 2 == 0 else list(reversed(trees))
             for name in order:
-                per_tree[name].append(run_tree(trees[name], backend, args))
+                protocol = args.protocol if name == "this" else "separate"
+                per_tree[name].append(run_tree(trees[name], backend, args, protocol))
                 print(f"round {r + 1}/{args.rounds} {backend:<8} {name:<8} done", file=sys.stderr)
     summary: dict[str, Any] = {}
     for backend, per_tree in rounds.items():
         summary[backend] = {}
-        for kind in KINDS:
+        for kind in KINDS if args.protocol == "separate" else ():
             per_round = {t: [statistics.median(x["cpu_ms"][kind]) for x in per_tree[t]] for t in trees}
             summary[backend][kind] = _figures(per_round)
         if backend == "postgres":
             per_round = {t: [x["postgres_ms_per_step"] for x in per_tree[t]] for t in trees}
             summary[backend]["postgres_backends_per_step"] = _figures(per_round)
         step = {
-            t: [sum(statistics.median(x["cpu_ms"][k]) for k in KINDS) for x in per_tree[t]] for t in trees
+            t: [sum(statistics.median(v) for v in x["cpu_ms"].values() if v) for x in per_tree[t]]
+            for t in trees
         }
         summary[backend]["step"] = _figures(step)
     return {
@@ -348,7 +361,7 @@ def print_report(result: dict[str, Any]) -> None:
         for what, f in rows.items():
             label = {
                 "postgres_backends_per_step": "PostgreSQL backends / step",
-                "step": "step (both requests)",
+                "step": f"step (this: {a['protocol']})",
             }
             print(
                 f"  {backend:<9}{label.get(what, what + ' request'):<28}{f['baseline_ms']:>12.3f}"
@@ -366,6 +379,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--pg-url", default=DEFAULT_PG)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--protocol",
+        choices=("separate", "combined"),
+        default="separate",
+        help="how this tree's steps are sent (the baseline's: separate)",
+    )
     parser.add_argument("--profile", help="profile this tree into this folder instead of comparing")
     parser.add_argument("--top", type=int, default=60, help="rows of the profile's table")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
