@@ -63,6 +63,12 @@ class Settings(BaseSettings):
         description="If set, GET /metrics needs `Authorization: Bearer <it>` (its series name runs).",
     )
     db_pool_size: int = Field(default=8, gt=0)
+    ingest_threads: int = Field(
+        default=4,
+        gt=0,
+        description="Ingest requests handled at once per worker process (the rest wait their turn): "
+        "ingest is CPU work under the GIL, and more threads only contend for it (monitor/api/threads.py).",
+    )
     log_level: str = "info"
 
     # Alerting (issue: detector). Webhook lists come from JSON in the environment, e.g.

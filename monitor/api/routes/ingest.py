@@ -6,12 +6,12 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request, Response
-from starlette.concurrency import run_in_threadpool
 
 from monitor.api.body import read_limited_body
 from monitor.api.params import RunId
 from monitor.api.schemas import CombinedAckOut, ErrorOut, IngestAckOut
 from monitor.api.state import AppState, get_principal, get_state
+from monitor.api.threads import run_ingest
 from monitor.api.wire import decode_actions, decode_combined, decode_metrics
 from monitor.domain import IngestAck, Principal
 from monitor.errors import Conflict, InvalidInput, PayloadTooLarge
@@ -107,7 +107,7 @@ async def _ingest(
 ) -> Response:
     try:
         body = await read_limited_body(request, state.settings.max_body_bytes)
-        ack = await run_in_threadpool(work, body)
+        ack = await run_ingest(state.settings.ingest_threads, work, body)
     except (InvalidInput, PayloadTooLarge, Conflict):
         state.telemetry.record_rejected(kind)
         raise
