@@ -2,8 +2,8 @@
 
 An ingest request is CPU work under the GIL (decoding, the transaction's Python side, the detector
 pass): more threads than that can use only contend for the GIL. With the default pool (40 threads per
-process) 50 concurrent runs kept ~40 ingest threads runnable in each worker, and the convoy cost about
-a fifth of the server's CPU per step (`benchmarks.concurrent_runs`, README). A capacity limiter of its
+process) 50 concurrent runs kept up to 40 ingest threads runnable in each worker, and the server spent
+14 % more CPU per step than with 4 (`benchmarks.concurrent_runs`, README). A capacity limiter of its
 own bounds ingest to `Settings.ingest_threads` threads without touching the default pool, where reads
 that wait on the database (exports, dashboard queries) keep their concurrency.
 """
