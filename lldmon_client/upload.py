@@ -171,13 +171,7 @@ class Uploader:
         pending = self.split(kind, body)
         while pending:
             part, raw = pending.pop(0)
-            reply = self.request(
-                "POST",
-                f"/runs/{run_id}/{kind}",
-                content=gzip.compress(raw, compresslevel=5),
-                gzipped=True,
-                attempts=attempts,
-            )
+            reply = self._post(f"/runs/{run_id}/{kind}", raw, attempts)
             if reply.status == 413:
                 self._learn(reply, len(raw))
                 smaller = split.split_body(kind, part, min(self.max_bytes, len(raw) - 1), self.encode)
@@ -206,13 +200,7 @@ class Uploader:
         docstring); `attempts` as in `request`."""
         raw = self.encode({"metrics": metrics, "actions": actions}) if self.combined else b""
         if self.combined and len(raw) <= self.max_bytes:
-            reply = self.request(
-                "POST",
-                f"/runs/{run_id}/{COMBINED_PATH}",
-                content=gzip.compress(raw, compresslevel=5),
-                gzipped=True,
-                attempts=attempts,
-            )
+            reply = self._post(f"/runs/{run_id}/{COMBINED_PATH}", raw, attempts)
             halves = _halves(reply)
             if halves is not None:
                 return Outcome([Sent(dict(metrics), halves[0])]), Outcome([Sent(dict(actions), halves[1])])
@@ -227,6 +215,11 @@ class Uploader:
         if metrics_outcome.unsent:  # the service said "later": the actions wait too, unsent
             return metrics_outcome, Outcome(unsent=[dict(actions)], reply=metrics_outcome.reply)
         return metrics_outcome, self.send(run_id, "actions", actions, attempts=attempts)
+
+    def _post(self, path: str, raw: bytes, attempts: int | None) -> Reply:
+        return self.request(
+            "POST", path, content=gzip.compress(raw, compresslevel=5), gzipped=True, attempts=attempts
+        )
 
     def _learn(self, reply: Reply, size: int) -> None:
         """A 413: lower the limit to the one the service names (else to half of what it refused)."""
