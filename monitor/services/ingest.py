@@ -2,7 +2,8 @@
 commit with the run's directive. A metrics batch then runs the detector, whose transaction also reads
 the directive it may have just changed: two transactions per metrics batch, one per actions batch
 (a metrics batch of more than `DetectionService.chunk_points` new steps gets one detector transaction
-per chunk).
+per chunk). A combined request (`ingest_combined`) is a metrics batch whose transaction also claims and
+writes an actions batch.
 
 The ledger is keyed by (run, kind, batch id) and keeps a digest of the decoded payload: a re-sent batch
 is a duplicate only if its payload is the same; the same id with another payload is a 409, since
