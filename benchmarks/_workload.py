@@ -89,6 +89,13 @@ class SimRun:
         )
         return head + self.actions_tail
 
+    def combined_body(self, step: int) -> bytes:
+        """Step `step`'s metrics and action batches as one `/combined` body, as the hooks send a step."""
+        return b'{"metrics":%s,"actions":%s}' % (
+            self.metrics_body(range(step, step + 1)),
+            self.actions_body(step),
+        )
+
 
 def _series(index: int, n_steps: int) -> tuple[str, dict[str, list[float | str | None]]]:
     scenario = collapse_scenario(index) if index % 2 == 0 else healthy_scenario(index, n_steps=n_steps)

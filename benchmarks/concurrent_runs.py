@@ -88,12 +88,12 @@ async def stream(
         if delay > 0:
             await asyncio.sleep(delay)
         step = args.preload + k
-        metrics = run.metrics_body(range(step, step + 1))
         if args.protocol == "combined" and run.actions:
-            body = b'{"metrics":%s,"actions":%s}' % (metrics, run.actions_body(step))
+            body = run.combined_body(step)
             ok = await _streaming.post_batch(client, base + "/combined", body, "combined", sent)
             results.append(StepResult(index, scheduled, time.perf_counter() - t0 if ok else None))
             continue
+        metrics = run.metrics_body(range(step, step + 1))
         ok = await _streaming.post_batch(client, base + "/metrics", metrics, "metrics", sent)
         if ok and run.actions:
             ok = await _streaming.post_batch(

@@ -236,11 +236,10 @@ def one_round(backend: str, args: argparse.Namespace, profiles: ThreadProfiles |
                     pids = _streaming.backend_pids(url)
                     pg_start = sum(_streaming.process_cpu(p) for p in pids)
                 keep = k >= args.warmup
-                bodies = {"metrics": run.metrics_body(range(k, k + 1)), "actions": run.actions_body(k)}
                 if args.protocol == "combined":
-                    bodies = {
-                        "combined": b'{"metrics":%s,"actions":%s}' % (bodies["metrics"], bodies["actions"])
-                    }
+                    bodies = {"combined": run.combined_body(k)}
+                else:
+                    bodies = {"metrics": run.metrics_body(range(k, k + 1)), "actions": run.actions_body(k)}
                 with profiles.measuring() if profiles is not None and keep else contextlib.nullcontext():
                     for kind, body in bodies.items():
                         await measured.request(driver, kind, f"{base}/{kind}", body, keep=keep)

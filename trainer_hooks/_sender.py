@@ -299,6 +299,11 @@ class Sender:
         for batch in batches:
             self._spool(batch)
 
+    def _spool_fitted(self, batch: Batch) -> None:
+        """`batch` to the spool, cut under the current byte limit."""
+        for part in self._fit(batch):
+            self._spool(part)
+
     def _spool(self, batch: Batch, subdir: str | None = None) -> None:
         directory = self.spool_dir / subdir if subdir else self.spool_dir
         entry = SpoolEntry(run=self.identity, kind=batch.kind, body=batch.body)
@@ -433,8 +438,7 @@ class Sender:
             if self._live():
                 self._send_live(batch)
             else:
-                for part in self._fit(batch):
-                    self._spool(part)
+                self._spool_fitted(batch)
         if batches:
             self._last_beat = time.monotonic()
         elif registered:
@@ -597,8 +601,7 @@ class Sender:
         left after the retry budget (or a keep-for-later answer) to the spool, in order."""
         run_id = self.run_id
         if run_id is None:  # the service lost the run meanwhile: it is registered again later
-            for part in self._fit(batch):
-                self._spool(part)
+            self._spool_fitted(batch)
             return
         self._keep_undelivered(batch, self._uploader.send(run_id, batch.kind, batch.body))
 
@@ -607,8 +610,8 @@ class Sender:
         each half then goes where `_send_live` would put it."""
         run_id = self.run_id
         if run_id is None:
-            for part in self._fit(metrics) + self._fit(actions):
-                self._spool(part)
+            self._spool_fitted(metrics)
+            self._spool_fitted(actions)
             return
         metrics_outcome, actions_outcome = self._uploader.send_combined(run_id, metrics.body, actions.body)
         self._keep_undelivered(metrics, metrics_outcome)
