@@ -122,6 +122,15 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
+def trainer_backend() -> str:
+    """The one backend of a live service that a real training run (minutes of TRL) streams to:
+    PostgreSQL where the session has it, else SQLite. What such a test checks is the trainer's side
+    (levers, restarts, directives); how each backend stores the same requests is tested on both by the
+    API tests (tests/monitor/api/test_rollback_flow.py, test_directive_levers_live.py)."""
+    return BACKENDS[-1]
+
+
+@pytest.fixture(scope="session")
 def migrated_url(backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     # A module that overrides `backend` must override this too (with `migrated_database`): a session
     # fixture is cached once, and pytest would otherwise hand it a database of another backend.

@@ -119,7 +119,12 @@ def test_fetch_actions_pages_by_steps_without_gaps_or_repeats(
 ) -> None:
     run_id, want = seeded
     assert np.isposinf(want["delta"]).any() and np.isneginf(want["reward"]).any()
-    for page_records in (1, 37, 90, 91, 500, 200_000):
+    # one record per page (a request per record): cursors inside a step and across sources, on a window
+    ones = fetch_actions("http://testserver", "acts", project="nq", step_min=9, step_max=12, page_records=1,
+                         transport=via(client))  # fmt: skip
+    assert_records(ones, want[want["step"].between(9, 12)])
+    assert ones["source"].nunique() == 2 and ones["step"].nunique() == 4
+    for page_records in (37, 90, 91, 500, 200_000):
         calls: list[httpx.QueryParams] = []
         got = fetch_actions("http://testserver", "acts", project="nq", page_records=page_records,
                             transport=via(client, calls))  # fmt: skip

@@ -1,5 +1,5 @@
 """The levers end to end (issue 15): a real TRL GRPO run (tiny model, CPU) streams to a live
-`lldmon serve` (SQLite and PostgreSQL); a person's checkpoint request makes the Trainer save
+`lldmon serve` (PostgreSQL where the session has it: `trainer_backend`); a person's checkpoint request makes the Trainer save
 `checkpoint-<step>` at its next optimizer step, a stop request saves and ends training early, and each
 directive version is acknowledged with the metrics of the step that acted on it."""
 
@@ -59,8 +59,8 @@ def requests_callback(server: LiveServer, client: MonitorClient) -> Any:
 
 @pytest.mark.filterwarnings(r"ignore:`\w*gradient_checkpointing\w*` is deprecated:FutureWarning")
 @pytest.mark.timeout(300)
-def test_checkpoint_and_stop_requests_reach_a_real_trl_run(backend: str, tmp_path: Path) -> None:
-    with live_server_on(backend, tmp_path / "server") as server:
+def test_checkpoint_and_stop_requests_reach_a_real_trl_run(trainer_backend: str, tmp_path: Path) -> None:
+    with live_server_on(trainer_backend, tmp_path / "server") as server:
         client = MonitorClient(server.url, "levers", spool_dir=tmp_path / "spool", flush_interval=0.1)
         tok = tiny.build_tokenizer()
         out = tmp_path / "out"

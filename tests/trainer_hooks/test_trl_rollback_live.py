@@ -1,5 +1,5 @@
 """The rollback lever end to end (issue 28): a real TRL GRPO run (tiny model, CPU) under
-`lldmon supervise`, streaming to a live `lldmon serve` (SQLite and PostgreSQL). A rollback request to
+`lldmon supervise`, streaming to a live `lldmon serve` (PostgreSQL where the session has it: `trainer_backend`). A rollback request to
 step 4 (with LLDS on, as policy `heal` asks) after step 5 ends the first attempt at step 6 without
 finishing the run; the supervisor restarts the job from `checkpoint-4` with the learning rate halved;
 the second attempt trains steps 5-8 and finishes. The service records the rollback (6 -> 4, 2 steps
@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_rolled_back_trl_run_continues_from_its_checkpoint(backend: str, tmp_path: Path) -> None:
+def test_a_rolled_back_trl_run_continues_from_its_checkpoint(trainer_backend: str, tmp_path: Path) -> None:
     out = tmp_path / "job"
     out.mkdir()
-    with live_server_on(backend, tmp_path / "server") as server:
+    with live_server_on(trainer_backend, tmp_path / "server") as server:
         done = subprocess.run(
             [
                 sys.executable,
