@@ -17,6 +17,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from tests.timing import SCALE, scaled
+
 if TYPE_CHECKING:
     from tests.live_server import LiveServer
 
@@ -108,12 +110,26 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return (os.cpu_count() or 1) + 1
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """The suite's default timeout (pyproject's `timeout`) times `LLDMON_TEST_TIME_SCALE`
+    (tests/timing.py), unless `--timeout` was given."""
+    if SCALE != 1 and config.getoption("timeout", None) is None:
+        config.option.timeout = scaled(float(config.getini("timeout") or 0)) or None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Files that hold a `slow` test run first: the parallel run (pyproject's `-n`, a file per worker at
     a time) then starts the longest files early, instead of ending on one while the other workers idle.
-    The order inside a file, and of the other files, is kept."""
+    The order inside a file, and of the other files, is kept. Each `timeout` mark is scaled by
+    `LLDMON_TEST_TIME_SCALE` (tests/timing.py)."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: item.path not in slow_files)
+    if SCALE != 1:
+        for item in items:
+            mark = item.get_closest_marker("timeout")
+            if mark is not None and mark.args:
+                item.add_marker(pytest.mark.timeout(scaled(float(mark.args[0]))), append=False)
 
 
 @pytest.fixture(scope="session", params=BACKENDS)

@@ -22,6 +22,7 @@ import pytest
 
 from contracts import metrics as M
 from tests.live_server import free_port
+from tests.timing import scaled
 
 TRAINING_PACKAGES = ("torch", "transformers", "trl", "datasets", "bm25s")
 QUICK_STEPS = 6
@@ -44,7 +45,7 @@ def quick_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         [exe, "demo", "--quick", "--data-dir", str(data_dir), "--port", str(free_port())],
         capture_output=True,
         text=True,
-        timeout=240,  # about 100 s on 2 idle cores: a 350-step warm-up, 6 GRPO steps
+        timeout=scaled(240),  # about 100 s on 2 idle cores: a 350-step warm-up, 6 GRPO steps
         env=env,
         stdin=subprocess.DEVNULL,
     )

@@ -25,6 +25,7 @@ from packaging.requirements import Requirement
 
 from lldmon_lab import gpu_wheels
 from lldmon_lab.gpu_lab import SIZES, _time_guard
+from tests.timing import scaled
 
 ROOT = Path(__file__).resolve().parents[1]
 LLDMON = str(Path(sys.executable).parent / "lldmon")
@@ -173,7 +174,7 @@ def test_a_lab_stopped_by_its_guard_still_records_and_exports_its_runs(tmp_path:
     output: list[str] = []
     reader = threading.Thread(target=lambda: output.extend(proc.stdout or []), daemon=True)
     reader.start()
-    deadline = time.monotonic() + 400  # a hung lab fails here instead of at pytest's timeout
+    deadline = time.monotonic() + scaled(400)  # a hung lab fails here instead of at pytest's timeout
     try:
         while not any(
             re.search(r"^\[\s*[0-9.]+s\] step 2/400", log.read_text(errors="replace"), re.M)
@@ -183,7 +184,7 @@ def test_a_lab_stopped_by_its_guard_still_records_and_exports_its_runs(tmp_path:
             assert time.monotonic() < deadline, "no run logged 2 GRPO steps:\n" + "".join(output)[-3000:]
             time.sleep(0.2)
         proc.send_signal(signal.SIGALRM)
-        assert proc.wait(timeout=300) == 1, "".join(output)[-3000:]
+        assert proc.wait(timeout=scaled(300)) == 1, "".join(output)[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -306,7 +307,7 @@ def test_the_wheels_fit_the_budget_and_the_lab_runs_from_them_in_a_bare_python(t
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHON": sys.executable},
-        timeout=600,
+        timeout=scaled(600),
         check=False,
     )
     assert fetch.returncode == 0, fetch.stdout[-3000:] + fetch.stderr[-3000:]
@@ -338,7 +339,7 @@ def test_the_wheels_fit_the_budget_and_the_lab_runs_from_them_in_a_bare_python(t
         text=True,
         env={**bare_env, "PYTHON": python, "GPU_LAB_WHEELS": str(wheels)},
         stdin=subprocess.DEVNULL,
-        timeout=1200,
+        timeout=scaled(1200),
         check=False,
     )
     assert lab.returncode == 0, lab.stdout[-4000:] + lab.stderr[-3000:]
@@ -364,6 +365,6 @@ def test_the_wheels_fit_the_budget_and_the_lab_runs_from_them_in_a_bare_python(t
             check=True,
             capture_output=True,
             env=env,
-            timeout=600,
+            timeout=scaled(600),
         )
     assert _metrics(tmp_path / "bare.jsonl") == _metrics(tmp_path / "dev.jsonl")

@@ -48,6 +48,7 @@ from lldmon_lab.labels import (
     outcome,
     trailing_means,
 )
+from tests.timing import scaled
 
 # ----------------------------------------------------------------------------------------------
 # the collapse label
@@ -454,7 +455,7 @@ def _lab(out: Path) -> subprocess.CompletedProcess[str]:
         [exe, "lab", "run", "--quick", "--out", str(out), "--jobs", "2", "--poll-seconds", "0.5"],
         capture_output=True,
         text=True,
-        timeout=240,  # about 20 s on 2 idle cores (2 runs: 30 warm-up + 6 GRPO steps each)
+        timeout=scaled(240),  # about 20 s on 2 idle cores (2 runs: 30 warm-up + 6 GRPO steps each)
         env=env,
         stdin=subprocess.DEVNULL,
     )

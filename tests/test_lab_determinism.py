@@ -22,12 +22,15 @@ from typing import Any
 
 import pytest
 
+from tests.timing import scaled
+
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "search_r1_grpo.py"
 
 TIMING = re.compile(r"time|runtime|per_second")
 """Metric names measured in wall time (TRL's `step_time`, transformers' `train_runtime`, ...)."""
 
-pytestmark = pytest.mark.slow  # three short real trainings (two warm-ups), one after the other
+# three short real trainings (two warm-ups), one after the other: about 100 s on 2 idle cores
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def _run(
@@ -63,7 +66,7 @@ def _run(
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONHASHSEED": "random"}
     env.pop("LLDMON_URL", None)
     proc = subprocess.run(
-        command, capture_output=True, text=True, timeout=240, env=env, stdin=subprocess.DEVNULL
+        command, capture_output=True, text=True, timeout=scaled(240), env=env, stdin=subprocess.DEVNULL
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
