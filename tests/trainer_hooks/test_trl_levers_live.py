@@ -1,7 +1,8 @@
 """The levers end to end (issue 15): a real TRL GRPO run (tiny model, CPU) streams to a live
-`lldmon serve` (PostgreSQL where the session has it: `trainer_backend`); a person's checkpoint request makes the Trainer save
-`checkpoint-<step>` at its next optimizer step, a stop request saves and ends training early, and each
-directive version is acknowledged with the metrics of the step that acted on it."""
+`lldmon serve` (PostgreSQL where the session has it: `trainer_backend`); a person's checkpoint
+request makes the Trainer save `checkpoint-<step>` at its next optimizer step, a stop request saves
+and ends training early, and each directive version is acknowledged with the metrics of the step that
+acted on it."""
 
 from __future__ import annotations
 
