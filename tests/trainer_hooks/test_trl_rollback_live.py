@@ -1,10 +1,11 @@
 """The rollback lever end to end (issue 28): a real TRL GRPO run (tiny model, CPU) under
 `lldmon supervise`, streaming to a live `lldmon serve` (PostgreSQL where the session has it:
 `trainer_backend`). A rollback request to step 4 (with LLDS on, as policy `heal` asks) after step 5
-ends the first attempt at step 6 without finishing the run; the supervisor restarts the job from `checkpoint-4` with the learning rate halved;
-the second attempt trains steps 5-8 and finishes. The service records the rollback (6 -> 4, 2 steps
-redone), keeps one point per step, the redone steps ran at half the learning rate, and all of them,
-the first included, with LLDS on (the restarted client fetches the run's directive at start-up)."""
+ends the first attempt at step 6 without finishing the run; the supervisor restarts the job from
+`checkpoint-4` with the learning rate halved; the second attempt trains steps 5-8 and finishes. The
+service records the rollback (6 -> 4, 2 steps redone), keeps one point per step, the redone steps ran
+at half the learning rate, and all of them, the first included, with LLDS on (the restarted client
+fetches the run's directive at start-up)."""
 
 from __future__ import annotations
 
