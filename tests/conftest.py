@@ -7,6 +7,7 @@ overriding `backend` and `migrated_url` with `ALL_BACKENDS` and `migrated_databa
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import uuid
 from collections.abc import Iterator
@@ -172,12 +173,27 @@ def db_url(migrated_url: str) -> str:
     tables = Base.metadata.sorted_tables
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":
-            conn.execute(text(f"TRUNCATE {', '.join(t.name for t in tables)} RESTART IDENTITY CASCADE"))
+            # DELETE and rewound sequences, in one round trip: what TRUNCATE ... RESTART IDENTITY
+            # leaves, at 2-5 ms instead of 35-70 ms (TRUNCATE makes new files for every table).
+            conn.execute(text(empty_postgres_sql()))
         else:
             for table in reversed(tables):
                 conn.execute(table.delete())
     engine.dispose()
     return migrated_url
+
+
+@functools.cache
+def empty_postgres_sql() -> str:
+    """Empty every table of the schema (children before parents) and rewind every sequence to 1."""
+    from monitor.db.base import Base
+
+    deletes = [f"DELETE FROM {table.name}" for table in reversed(Base.metadata.sorted_tables)]
+    rewind = (
+        "SELECT setval(c.oid, 1, false) FROM pg_class c "
+        "WHERE c.relkind = 'S' AND c.relnamespace = current_schema()::regnamespace"
+    )
+    return "; ".join([*deletes, rewind])
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -103,10 +104,15 @@ def mount_extensions(app: FastAPI, state: AppState) -> list[str]:
     Each entry point is `mount(app, state) -> path`. Going through entry points keeps `monitor` free
     of imports of `dashboard`: the dependency points from the UI to the service, never back.
     """
-    paths = []
-    for entry_point in importlib.metadata.entry_points(group=MOUNTS_GROUP):
-        paths.append(entry_point.load()(app, state))
-    return paths
+    return [entry_point.load()(app, state) for entry_point in _mount_entry_points()]
+
+
+@functools.cache
+def _mount_entry_points() -> tuple[importlib.metadata.EntryPoint, ...]:
+    """Looked up once per process: scanning every installed distribution's metadata takes about 15 ms,
+    and an app is built per worker (per test in the suite); what is installed does not change under a
+    running process."""
+    return tuple(importlib.metadata.entry_points(group=MOUNTS_GROUP))
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
